@@ -1,0 +1,116 @@
+"""The public API: compile a PyTorch model, call it, export a deployment package."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import tvm
+
+import runtime
+from frontend.importer import ImportedModel, from_torch, load_pt2
+from frontend.ir import Function
+from frontend.printer import astext
+from graph_opt.fuse_ops import primitive_per_op
+from schedules.target import resolve_target, target_to_json
+from tecc.build import BuildResult, build
+
+__version__ = "0.1.0"
+
+
+class CompiledModel:
+    """A model compiled by tecc. Call it with torch tensors (torch tensors come back)
+    or numpy arrays (numpy arrays come back), in the order of the model's inputs."""
+
+    def __init__(self, imported: ImportedModel, optimized: Function, result: BuildResult,
+                 target: tvm.target.Target, timings: dict[str, float]) -> None:
+        self.imported = imported
+        self.ir = optimized
+        self.build_result = result
+        self.target = target
+        self.timings = timings
+        self.plan = result.plan
+        self._executor = runtime.Executor(result.executable, result.plan, result.params)
+
+    @property
+    def input_specs(self) -> list[dict]:
+        return [s.to_json() for s in self.imported.inputs]
+
+    @property
+    def output_specs(self) -> list[dict]:
+        return [s.to_json() for s in self.imported.outputs]
+
+    def __call__(self, *inputs: Any) -> Any:
+        as_torch = any(isinstance(x, torch.Tensor) for x in inputs)
+        arrays = [_to_numpy(x) for x in inputs]
+        flat = self._executor.run_flat(*arrays)
+        if as_torch:
+            flat = [torch.from_numpy(a) for a in flat]
+        return runtime.unflatten_outputs(self.plan["output_structure"], flat)
+
+    def export(self, path: str | os.PathLike) -> None:
+        """Write a deployment package (a directory, or a .tar when `path` ends so)
+        that `tecc.load` runs with the TVM runtime alone."""
+        runtime.write_package(
+            os.fspath(path),
+            self.build_result.executable,
+            self.plan,
+            self.build_result.params,
+            {"tecc": __version__, "target": target_to_json(self.target), "records_digest": None},
+        )
+
+    def astext(self) -> str:
+        """The optimized IR, Relay-style."""
+        return astext(self.ir)
+
+    def __repr__(self) -> str:
+        return (f"CompiledModel({len(self.plan['kernels'])} kernel calls, "
+                f"{len(self.build_result.kernels)} kernels, target={self.target})")
+
+
+def _to_numpy(x: Any) -> np.ndarray:
+    if isinstance(x, torch.Tensor):
+        return x.detach().cpu().numpy()
+    if isinstance(x, np.ndarray):
+        return x
+    raise TypeError(f"inputs must be torch tensors or numpy arrays, got {type(x).__name__}")
+
+
+def import_model(model: torch.nn.Module | str | os.PathLike,
+                 example_inputs: Sequence[Any] | None = None) -> ImportedModel:
+    """A module with example inputs, or the path of a .pt2 file (torch.export.save)."""
+    if isinstance(model, str | os.PathLike):
+        return load_pt2(model)
+    if example_inputs is None:
+        raise ValueError("example_inputs are needed to compile a torch.nn.Module")
+    return from_torch(model, example_inputs)
+
+
+def compile(  # noqa: A001 - the natural name, as torch.compile
+    model: torch.nn.Module | str | os.PathLike,
+    example_inputs: Sequence[Any] | None = None,
+    target: str = "llvm",
+) -> CompiledModel:
+    """Compile `model` for `target` ("llvm" = this CPU, "llvm:<cpu>", "cuda[:sm_XX]")."""
+    timings: dict[str, float] = {}
+    start = time.perf_counter()
+    imported = import_model(model, example_inputs)
+    timings["import_s"] = time.perf_counter() - start
+    tvm_target = resolve_target(target)
+    start = time.perf_counter()
+    partitioned = primitive_per_op(imported.func)
+    timings["graph_s"] = time.perf_counter() - start
+    result = build(partitioned, tvm_target, [s.name for s in imported.inputs],
+                   [s.name for s in imported.outputs], imported.output_structure,
+                   imported.param_names)
+    timings["build_s"] = result.build_seconds
+    return CompiledModel(imported, partitioned, result, tvm_target, timings)
+
+
+def load(path: str | os.PathLike) -> runtime.Package:
+    """Load a deployment package (runtime only: no torch, no compiler)."""
+    return runtime.load_package(os.fspath(path))

@@ -15,7 +15,7 @@ $(STAMP): setup.cfg pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m tecc.demo
+	$(PY) benchmarks/demo.py
 
 test: $(STAMP)
 	$(PY) -m pytest -q -x --timeout=900 tests

@@ -17,7 +17,6 @@ import tvm
 from frontend.ir import (
     Call,
     Constant,
-    Expr,
     Function,
     Tuple,
     TupleGetItem,

@@ -1,0 +1,55 @@
+"""Timing and reporting shared by the benchmark scripts."""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def median_ms(fn: Callable[[], object], min_runs: int = 10, min_seconds: float = 1.0,
+              warmup: int = 3) -> float:
+    """Median wall time of `fn` in milliseconds, after warm-up calls."""
+    for _ in range(warmup):
+        fn()
+    times: list[float] = []
+    deadline = time.perf_counter() + min_seconds
+    while len(times) < min_runs or time.perf_counter() < deadline:
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+        if len(times) >= 1000:
+            break
+    return statistics.median(times) * 1e3
+
+
+def host_line() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}"
+
+
+def write_table(name: str, title: str, header: list[str], rows: list[list[str]],
+                notes: list[str]) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    lines = [f"# {title}", "", *notes, "",
+             "| " + " | ".join(header) + " |",
+             "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    path = RESULTS / f"{name}.md"
+    path.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines[len(notes) + 3:]))
+    print(f"written to {path}")
+    return path

@@ -1,0 +1,91 @@
+"""End-to-end latency on this CPU: torch eager, torch.compile, ONNX Runtime and tecc,
+measured in one run on the same number of threads, batch 1.
+
+    python benchmarks/e2e_cpu.py [--models resnet18,mlp] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import tecc  # noqa: E402
+from benchmarks.common import host_line, median_ms, write_table  # noqa: E402
+from tests.models import example_models  # noqa: E402
+from tests.util import max_rel_error  # noqa: E402
+
+
+def onnxruntime_session(model, inputs, threads: int):
+    import onnxruntime as ort
+
+    path = Path(tempfile.mkdtemp()) / "model.onnx"
+    names = [f"input{i}" for i in range(len(inputs))]
+    torch.onnx.export(model, inputs, str(path), input_names=names, dynamo=True,
+                      verbose=False)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    feeds = {i.name: x.numpy() for i, x in zip(session.get_inputs(), inputs, strict=True)}
+    return lambda: session.run(None, feeds)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--models", default="mlp,resnet18,mobilenet_v2,transformer_layer,bert")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--output", default="e2e_cpu")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    models = example_models(batch=1)
+    rows = []
+    for name in args.models.split(","):
+        model, inputs = models[name]
+        print(f"== {name}", flush=True)
+        with torch.no_grad():
+            expected = model(*inputs)
+            eager = median_ms(lambda: model(*inputs))  # noqa: B023
+            try:
+                compiled_torch = torch.compile(model)
+                compiled_torch(*inputs)
+                inductor = median_ms(lambda: compiled_torch(*inputs))  # noqa: B023
+            except Exception as err:  # a competitor failing is reported, not fatal
+                print(f"torch.compile failed: {err}")
+                inductor = float("nan")
+        try:
+            ort_run = onnxruntime_session(model, inputs, args.threads)
+            ort_ms = median_ms(ort_run)
+        except Exception as err:
+            print(f"ONNX Runtime failed: {type(err).__name__}: {err}")
+            ort_ms = float("nan")
+        start = time.perf_counter()
+        cm = tecc.compile(model, inputs)
+        compile_s = time.perf_counter() - start
+        np_inputs = [x.numpy() for x in inputs]
+        error = max_rel_error(cm(*inputs), expected)
+        tecc_ms = median_ms(lambda: cm(*np_inputs))  # noqa: B023
+        rows.append([name, f"{eager:.3f}", f"{inductor:.3f}", f"{ort_ms:.3f}", f"{tecc_ms:.3f}",
+                     f"{eager / tecc_ms:.2f}x", f"{ort_ms / tecc_ms:.2f}x",
+                     f"{len(cm.plan['kernels'])}", f"{compile_s:.0f}", f"{error:.1e}"])
+        print(rows[-1], flush=True)
+    write_table(
+        args.output, "End-to-end latency, CPU, batch 1 (median ms)",
+        ["model", "torch eager", "torch.compile", "ONNX Runtime", "tecc", "tecc vs eager",
+         "tecc vs ORT", "kernel calls", "tecc compile s", "max rel err"],
+        rows,
+        [f"Host: {host_line()}; {args.threads} threads for every framework.",
+         f"torch {torch.__version__}, tecc {tecc.__version__} (untuned, fallback schedules).",
+         "Ratios above 1 mean tecc is faster. Command: `python benchmarks/e2e_cpu.py`."],
+    )
+
+
+if __name__ == "__main__":
+    main()

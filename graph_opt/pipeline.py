@@ -1,0 +1,28 @@
+"""The graph optimization pipeline: which passes run, in which order."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from frontend.ir import Function
+
+# Importing the pass modules registers the passes.
+from graph_opt import cse, fold_batch_norm, fold_constant, simplify  # noqa: F401
+from graph_opt.pass_manager import Pass, PassTrace, get_pass, run_passes
+
+
+def optimization_pipeline() -> list[Pass]:
+    """The passes in order. simplify first canonicalizes (matmul -> dense, drops
+    no-ops) so the patterns after it see one form; batch norms fold into convs before
+    constant folding so that the new weights are final; constant folding exposes new
+    identities (a folded reshape/transpose chain), hence a second simplify; CSE then
+    sees the simplest graph, and DCE drops what merging left unreachable."""
+    names = ["simplify", "fold_batch_norm", "fold_constants", "simplify",
+             "eliminate_common_subexpr", "eliminate_dead_code"]
+    return [get_pass(n) for n in names]
+
+
+def optimize(func: Function, opt_level: int = 3, print_after: Sequence[str] | None = None,
+             trace: PassTrace | None = None) -> Function:
+    """Run the optimization pipeline on `func` (opt_level 0: only DCE)."""
+    return run_passes(func, optimization_pipeline(), opt_level, print_after, trace)

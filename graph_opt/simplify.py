@@ -1,0 +1,133 @@
+"""simplify: drop identities and no-ops, merge chains of data movement, and put the
+importer's linear layers into the canonical `nn.bias_add(nn.dense(x, W), b)` form
+that the dense schedules and fusion expect.
+
+Every rule looks at the already-simplified children (the rewrite is bottom-up), so
+chains collapse in one pass: reshape(reshape(reshape(x))) -> reshape(x).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from frontend.ir import Call, Constant, Expr, Function, Tuple, TupleGetItem, rewrite
+from frontend.ops import normalize_axis
+from graph_opt.pass_manager import register_pass
+from graph_opt.patterns import is_op, is_scalar
+
+
+def _strided_slice_is_identity(node: Call, x: Expr) -> bool:
+    # Same shape and every slice starting at 0 means every element is kept in place
+    # (a step > 1 can only keep the shape on an axis of extent 1).
+    if node.shape != x.shape:
+        return False
+    for axis, begin, end, step in zip(node.attrs["axes"], node.attrs["begin"],
+                                      node.attrs["end"], node.attrs["strides"], strict=True):
+        dim = x.shape[normalize_axis(axis, len(x.shape))]
+        if slice(begin, end, step).indices(dim)[0] != 0 and dim > 0:
+            return False
+    return True
+
+
+def _transpose_axes(node: Call) -> tuple[int, ...]:
+    ndim = len(node.args[0].shape)
+    return tuple(normalize_axis(a, ndim) for a in node.attrs["axes"])
+
+
+class _Linear:
+    """Dense rewrites, with one transposed copy per weight Constant so that every
+    use of a weight shares the new constant (CSE can then merge the denses)."""
+
+    def __init__(self) -> None:
+        self.transposed: dict[int, Constant] = {}
+
+    def weight_t(self, w: Constant) -> Constant:
+        if id(w) not in self.transposed:
+            self.transposed[id(w)] = Constant(np.ascontiguousarray(w.data.T))
+        return self.transposed[id(w)]
+
+    def matmul_to_dense(self, node: Call, a: Expr, w: Expr) -> Expr | None:
+        """nn.matmul(x, W) with W a 2-D constant is x @ W == dense(x, W.T): the same
+        product, as the op whose schedule takes a constant (N, K) weight."""
+        if not isinstance(w, Constant) or len(w.shape) != 2 or node.attrs["transpose_a"]:
+            return None
+        if node.attrs["transpose_b"]:  # already (N, K)
+            return Call("nn.dense", (a, w), span=node.span)
+        return Call("nn.dense", (a, self.weight_t(w)), span=node.span)
+
+
+def _bias_of_dense(node: Call, dense: Expr, bias: Expr) -> Expr | None:
+    """add(dense(x, W), b) with b a constant of shape (N,), (1, N), (1, 1, N)...:
+    the bias is per output feature, i.e. nn.bias_add on the last axis."""
+    if not is_op(dense, "nn.dense") or not isinstance(bias, Constant):
+        return None
+    n = dense.shape[-1]
+    if node.ty != dense.ty or len(bias.shape) < 1 or bias.shape[-1] != n:
+        return None
+    if any(d != 1 for d in bias.shape[:-1]):
+        return None
+    b = bias if bias.shape == (n,) else Constant(bias.data.reshape(n))
+    return Call("nn.bias_add", (dense, b), {"axis": -1}, span=node.span)
+
+
+@register_pass("simplify", opt_level=1)
+def simplify(func: Function) -> Function:
+    linear = _Linear()
+
+    def visit(node: Expr, kids: tuple[Expr, ...]) -> Expr | None:
+        if isinstance(node, TupleGetItem):
+            # (a, b, c).1 -> b
+            if isinstance(kids[0], Tuple):
+                return kids[0].fields[node.index]
+            return None
+        if not isinstance(node, Call) or not isinstance(node.op, str):
+            return None
+        op, attrs = node.op, node.attrs
+        if op == "copy":
+            return kids[0]
+        if op == "cast" and kids[0].dtype == attrs["dtype"]:
+            return kids[0]
+        if op == "reshape":
+            x = kids[0]
+            if is_op(x, "reshape"):  # reshape of reshape: only the last shape matters
+                x = x.args[0]
+            if x.shape == node.shape:
+                return x
+            if x is not kids[0]:
+                return Call("reshape", (x,), attrs, span=node.span)
+            return None
+        if op == "transpose":
+            x, axes = kids[0], _transpose_axes(node)
+            if is_op(x, "transpose"):  # out[i] = inner[axes[i]] = x[inner_axes[axes[i]]]
+                inner = _transpose_axes(x)
+                x, axes = x.args[0], tuple(inner[a] for a in axes)
+            if axes == tuple(range(len(axes))):
+                return x
+            if x is not kids[0] or axes != tuple(attrs["axes"]):
+                return Call("transpose", (x,), {"axes": axes}, span=node.span)
+            return None
+        if op == "broadcast_to" and kids[0].shape == node.shape:
+            return kids[0]
+        if op == "strided_slice" and _strided_slice_is_identity(node, kids[0]):
+            return kids[0]
+        if op in ("multiply", "add"):
+            neutral = 1 if op == "multiply" else 0
+            a, b = kids
+            # x * 1, 1 * x, x + 0, 0 + x, unless the constant broadcasts or promotes
+            if is_scalar(b, neutral) and a.ty == node.ty:
+                return a
+            if is_scalar(a, neutral) and b.ty == node.ty:
+                return b
+            if op == "add":
+                return _bias_of_dense(node, a, b) or _bias_of_dense(node, b, a)
+            return None
+        if op in ("subtract", "divide"):
+            a, b = kids
+            if is_scalar(b, 0 if op == "subtract" else 1) and a.ty == node.ty:
+                return a
+            return None
+        if op == "nn.matmul":
+            return linear.matmul_to_dense(node, *kids)
+        return None
+
+    return rewrite(func, visit)

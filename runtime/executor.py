@@ -1,0 +1,272 @@
+"""Run a plan (runtime/plan.md) over a built kernel library.
+
+Runtime only: imports numpy, the stdlib and TVM's runtime API; never torch nor the
+compiler, so a deployment package runs where neither is installed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+import tvm
+
+PLAN_VERSION = 1
+
+# TVM kernels take a tensor only when its data pointer is 64-byte aligned and its
+# byte_offset is 0 (tvm.runtime.from_dlpack checks the first, the generated code
+# the second), so storages start 64-byte aligned and tensor offsets are multiples of 64.
+ALIGNMENT = 64
+
+
+class PlanError(ValueError):
+    """The plan, the library or the params do not fit together."""
+
+
+class TensorSpec(NamedTuple):
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
+
+    def describe(self) -> str:
+        return f"{self.shape} {self.dtype}"
+
+
+def unflatten_outputs(structure: Mapping[str, Any], flat: Sequence[Any]) -> Any:
+    """Rebuild the model's output from the flat outputs list (plan.md output_structure)."""
+    kind = structure.get("kind")
+    if kind == "tensor":
+        index = structure.get("index")
+        if not isinstance(index, int) or not 0 <= index < len(flat):
+            raise PlanError(
+                f"output_structure refers to output #{index!r}, but the plan has "
+                f"{len(flat)} output(s)"
+            )
+        return flat[index]
+    if kind in ("tuple", "list"):
+        items = [unflatten_outputs(item, flat) for item in _items(structure)]
+        return tuple(items) if kind == "tuple" else items
+    if kind == "dict":
+        keys = structure.get("keys")
+        items = _items(structure)
+        if not isinstance(keys, list) or len(keys) != len(items):
+            raise PlanError(
+                f"output_structure dict needs as many 'keys' as 'items', got {structure!r}"
+            )
+        return {key: unflatten_outputs(item, flat) for key, item in zip(keys, items, strict=True)}
+    if kind == "none":
+        return None
+    raise PlanError(
+        f"unknown output_structure kind {kind!r} (expected tensor, tuple, list, dict or none)"
+    )
+
+
+def _items(structure: Mapping[str, Any]) -> list[Any]:
+    items = structure.get("items")
+    if not isinstance(items, list):
+        raise PlanError(f"output_structure {structure.get('kind')!r} needs a list 'items'")
+    return items
+
+
+def _default_structure(n_outputs: int) -> dict[str, Any]:
+    # A plan without output_structure: one output is returned bare, several as a tuple.
+    if n_outputs == 1:
+        return {"kind": "tensor", "index": 0}
+    return {"kind": "tuple", "items": [{"kind": "tensor", "index": i} for i in range(n_outputs)]}
+
+
+def _aligned_buffer(nbytes: int) -> np.ndarray:
+    # Over-allocate and slice so the first byte sits on an ALIGNMENT boundary.
+    raw = np.empty(nbytes + ALIGNMENT, dtype=np.uint8)
+    start = (-raw.ctypes.data) % ALIGNMENT
+    return raw[start : start + nbytes]
+
+
+def _numpy_dtype(dtype: str, where: str) -> np.dtype:
+    try:
+        return np.dtype(dtype)
+    except TypeError as exc:
+        raise PlanError(f"{where}: dtype {dtype!r} is not a numpy dtype") from exc
+
+
+def _shape_of(spec: Any, where: str) -> tuple[int, ...]:
+    if not isinstance(spec, (list, tuple)) or not all(
+        isinstance(d, int) and d >= 0 for d in spec
+    ):
+        raise PlanError(f"{where}: shape must be a list of non-negative ints, got {spec!r}")
+    return tuple(spec)
+
+
+class Executor:
+    """Runs a plan: storages allocated once, params bound once, kernels called in order.
+
+    module: a loaded TVM module (or anything whose ``module[name]`` returns a callable)
+    plan: the plan dict (runtime/plan.md); params: name -> numpy array.
+    """
+
+    def __init__(
+        self,
+        module: Any,
+        plan: Mapping[str, Any],
+        params: Mapping[str, np.ndarray] | None = None,
+    ) -> None:
+        self.plan = plan
+        version = plan.get("version")
+        if version != PLAN_VERSION:
+            raise PlanError(
+                f"plan version {version!r} is not supported by this runtime "
+                f"(it reads version {PLAN_VERSION}); recompile the model with a matching tecc"
+            )
+        for key in ("storages", "tensors", "inputs", "outputs", "kernels"):
+            if not isinstance(plan.get(key), list):
+                raise PlanError(f"plan is missing the list {key!r}")
+
+        # Storages: one aligned byte buffer each, allocated once.
+        self._storages: dict[int, np.ndarray] = {}
+        for s in plan["storages"]:
+            sid, nbytes = s.get("id"), s.get("nbytes")
+            if not isinstance(nbytes, int) or nbytes < 0:
+                raise PlanError(f"storage {sid!r}: nbytes must be a non-negative int")
+            if sid in self._storages:
+                raise PlanError(f"storage id {sid!r} appears twice in the plan")
+            self._storages[sid] = _aligned_buffer(nbytes)
+
+        # Tensors: numpy views into the storages, and their TVM wrappers made once.
+        self._views: dict[int, np.ndarray] = {}
+        self._tvm: dict[int, Any] = {}
+        for t in plan["tensors"]:
+            tid = t.get("id")
+            where = f"tensor {tid!r}"
+            if tid in self._views:
+                raise PlanError(f"tensor id {tid!r} appears twice in the plan")
+            sid, offset = t.get("storage"), t.get("offset", 0)
+            if sid not in self._storages:
+                raise PlanError(f"{where}: storage {sid!r} does not exist in the plan")
+            shape = _shape_of(t.get("shape"), where)
+            dtype = _numpy_dtype(t.get("dtype"), where)
+            nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+            storage = self._storages[sid]
+            if not isinstance(offset, int) or offset < 0 or offset % ALIGNMENT:
+                raise PlanError(
+                    f"{where}: offset {offset!r} in storage {sid} is not a multiple of "
+                    f"{ALIGNMENT} bytes; TVM kernels need {ALIGNMENT}-byte aligned tensors "
+                    f"(the memory planner must align offsets)"
+                )
+            if offset + nbytes > storage.nbytes:
+                raise PlanError(
+                    f"{where}: shape {shape} {dtype} needs bytes [{offset}, {offset + nbytes}) "
+                    f"but storage {sid} has only {storage.nbytes} bytes"
+                )
+            view = storage[offset : offset + nbytes].view(dtype).reshape(shape)
+            self._views[tid] = view
+            self._tvm[tid] = tvm.runtime.from_dlpack(view)
+
+        self.input_specs: list[TensorSpec] = [
+            self._spec(entry, "input") for entry in plan["inputs"]
+        ]
+        self.output_specs: list[TensorSpec] = [
+            self._spec(entry, "output") for entry in plan["outputs"]
+        ]
+        self._in_views = [self._views[e["tensor"]] for e in plan["inputs"]]
+        self._out_views = [self._views[e["tensor"]] for e in plan["outputs"]]
+
+        self._bind_params(plan.get("params", []), params or {})
+
+        # Kernels: look each function up once and pre-build its argument tuple.
+        self._calls: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
+        funcs: dict[str, Callable[..., Any]] = {}
+        for i, k in enumerate(plan["kernels"]):
+            name, args = k.get("name"), k.get("args")
+            if not isinstance(args, list):
+                raise PlanError(f"kernel #{i} {name!r}: 'args' must be a list of tensor ids")
+            for a in args:
+                if a not in self._tvm:
+                    raise PlanError(f"kernel #{i} {name!r}: argument tensor {a!r} does not exist")
+            if name not in funcs:
+                funcs[name] = self._lookup(module, name)
+            self._calls.append((funcs[name], tuple(self._tvm[a] for a in args)))
+
+        self.output_structure: Mapping[str, Any] = plan.get("output_structure") or _default_structure(
+            len(self._out_views)
+        )
+        # Check the structure now, with placeholders, rather than at the first call.
+        unflatten_outputs(self.output_structure, list(range(len(self._out_views))))
+
+    def _spec(self, entry: Mapping[str, Any], role: str) -> TensorSpec:
+        name, tid = entry.get("name"), entry.get("tensor")
+        if tid not in self._views:
+            raise PlanError(f"{role} {name!r}: tensor {tid!r} does not exist in the plan")
+        view = self._views[tid]
+        return TensorSpec(str(name), tuple(view.shape), str(view.dtype))
+
+    def _bind_params(
+        self, entries: list[Mapping[str, Any]], params: Mapping[str, np.ndarray]
+    ) -> None:
+        missing = [e.get("name") for e in entries if e.get("name") not in params]
+        if missing:
+            raise PlanError(
+                f"params missing for the plan: {missing}; pass the params file that was "
+                f"exported with this plan"
+            )
+        for e in entries:
+            name, tid = e.get("name"), e.get("tensor")
+            if tid not in self._views:
+                raise PlanError(f"param {name!r}: tensor {tid!r} does not exist in the plan")
+            view, value = self._views[tid], np.asarray(params[name])
+            if value.shape != view.shape or value.dtype != view.dtype:
+                raise PlanError(
+                    f"param {name!r}: the plan expects shape {tuple(view.shape)} {view.dtype}, "
+                    f"the params give {value.shape} {value.dtype}; the params do not belong "
+                    f"to this plan"
+                )
+            np.copyto(view, value)
+
+    @staticmethod
+    def _lookup(module: Any, name: Any) -> Callable[..., Any]:
+        try:
+            func = module[name]
+        except (AttributeError, KeyError, RuntimeError, TypeError) as exc:
+            raise PlanError(
+                f"kernel {name!r} named by the plan is not in the library; the plan and "
+                f"the library were not built together ({exc})"
+            ) from exc
+        if func is None or not callable(func):
+            raise PlanError(f"kernel {name!r} named by the plan is not in the library")
+        return func
+
+    def _check_inputs(self, inputs: Sequence[Any]) -> list[np.ndarray]:
+        specs = self.input_specs
+        if len(inputs) != len(specs):
+            expected = ", ".join(f"{s.name}: {s.describe()}" for s in specs)
+            raise ValueError(
+                f"expected {len(specs)} input(s) ({expected}), got {len(inputs)}"
+            )
+        arrays = []
+        for i, (spec, x) in enumerate(zip(specs, inputs, strict=True)):
+            a = np.asarray(x)
+            if a.shape != spec.shape or a.dtype != np.dtype(spec.dtype):
+                raise ValueError(
+                    f"input {spec.name!r} (#{i}): expected shape {spec.describe()}, "
+                    f"got {a.shape} {a.dtype}"
+                )
+            arrays.append(a)
+        return arrays
+
+    def run_flat(self, *inputs: np.ndarray) -> list[np.ndarray]:
+        """Run once; returns a fresh copy of every output, in plan order."""
+        for view, a in zip(self._in_views, self._check_inputs(inputs), strict=True):
+            np.copyto(view, a)
+        for func, args in self._calls:
+            func(*args)
+        # Copies: the buffers are reused by the next call.
+        return [v.copy() for v in self._out_views]
+
+    def run(self, *inputs: np.ndarray) -> Any:
+        """Run once; returns the outputs rebuilt per the plan's output_structure."""
+        return unflatten_outputs(self.output_structure, self.run_flat(*inputs))
+
+    __call__ = run

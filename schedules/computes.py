@@ -1,0 +1,577 @@
+"""TE computes for every registered op, by op name.
+
+A compute is `fn(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor |
+list[te.Tensor]`; `out_type` is the type the op's type relation inferred, so shapes
+are never re-derived here. Semantics follow torch eager (the reference the tests
+compare with). Anchor ops (conv2d, dense, matmul) write their reduction block with a
+"tecc.anchor" annotation, which the default schedule dispatches on.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import tvm
+from tvm import te, topi
+from tvm.tirx import const
+
+from frontend.ir import Attrs, TensorType, TupleType, Type
+from frontend.ops import normalize_axis, reduce_axes
+
+Compute = Callable[[list[te.Tensor], Attrs, Type], "te.Tensor | list[te.Tensor]"]
+_COMPUTES: dict[str, Compute] = {}
+
+ANCHOR_ATTR = "tecc.anchor"
+
+
+def register_compute(op_name: str) -> Callable[[Compute], Compute]:
+    def deco(fn: Compute) -> Compute:
+        if op_name in _COMPUTES:
+            raise ValueError(f"compute for {op_name!r} registered twice")
+        _COMPUTES[op_name] = fn
+        return fn
+
+    return deco
+
+
+def get_compute(op_name: str) -> Compute:
+    try:
+        return _COMPUTES[op_name]
+    except KeyError:
+        raise KeyError(f"no TE compute registered for op {op_name!r}") from None
+
+
+def registered_computes() -> list[str]:
+    return sorted(_COMPUTES)
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _out(ty: Type) -> TensorType:
+    assert isinstance(ty, TensorType), ty
+    return ty
+
+
+def _is_float(dtype) -> bool:
+    return str(dtype).startswith(("float", "bfloat"))
+
+
+def _shape(t: te.Tensor) -> tuple[int, ...]:
+    return tuple(int(d) for d in t.shape)
+
+
+def _bcast_index(t: te.Tensor, idx: Sequence[tvm.tirx.PrimExpr]) -> list:
+    """Index into `t` for output index `idx` under numpy broadcasting (right-aligned,
+    size-1 dims read element 0)."""
+    shape = _shape(t)
+    lead = len(idx) - len(shape)
+    return [0 if d == 1 else idx[lead + i] for i, d in enumerate(shape)]
+
+
+def _read(t: te.Tensor, idx: Sequence) -> tvm.tirx.PrimExpr:
+    return t[tuple(_bcast_index(t, idx))] if t.ndim else t()
+
+
+def _elemwise(args: list[te.Tensor], out_type: Type, fn: Callable, name: str) -> te.Tensor:
+    out = _out(out_type)
+    return te.compute(out.shape, lambda *i: fn(*[_read(a, i) for a in args]), name=name)
+
+
+def scalar_constant(value: float | int | bool, dtype: str, shape: Sequence[int]) -> te.Tensor:
+    """A size-1 IR Constant as an immediate: a block the schedule inlines away."""
+    v = const(bool(value) if dtype == "bool" else value, dtype)
+    return te.compute(tuple(shape), lambda *_: v, name="scalar_const")
+
+
+# ---------------------------------------------------------------- unary elementwise
+
+
+def _unary(op_name: str, fn: Callable[[tvm.tirx.PrimExpr, str], tvm.tirx.PrimExpr]) -> None:
+    @register_compute(op_name)
+    def _compute(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+        dtype = _out(out_type).dtype
+        return _elemwise(args, out_type, lambda x: fn(x, dtype), op_name.replace(".", "_"))
+
+
+def _c(v: float, dtype: str) -> tvm.tirx.PrimExpr:
+    return const(v, dtype)
+
+
+_unary("negative", lambda x, d: -x)
+_unary("abs", lambda x, d: tvm.tirx.abs(x))
+_unary("exp", lambda x, d: tvm.tirx.exp(x))
+_unary("log", lambda x, d: tvm.tirx.log(x))
+_unary("sqrt", lambda x, d: tvm.tirx.sqrt(x))
+_unary("rsqrt", lambda x, d: _c(1.0, d) / tvm.tirx.sqrt(x))
+_unary("sigmoid", lambda x, d: tvm.tirx.sigmoid(x))
+_unary("tanh", lambda x, d: tvm.tirx.tanh(x))
+_unary("erf", lambda x, d: tvm.tirx.erf(x))
+_unary("relu", lambda x, d: tvm.tirx.max(x, _c(0, d)))
+_unary("reciprocal", lambda x, d: _c(1.0, d) / x)
+_unary("silu", lambda x, d: x * tvm.tirx.sigmoid(x))
+_unary("hardswish", lambda x, d: x * tvm.tirx.min(tvm.tirx.max(x + _c(3, d), _c(0, d)),
+                                                   _c(6, d)) / _c(6, d))
+_unary("hardsigmoid", lambda x, d: tvm.tirx.min(tvm.tirx.max(x / _c(6, d) + _c(0.5, d),
+                                                             _c(0, d)), _c(1, d)))
+_unary("copy", lambda x, d: x)
+_unary("logical_not", lambda x, d: tvm.tirx.Not(x if str(x.dtype) == "bool" else x != _c(0, x.dtype)))
+
+
+@register_compute("gelu")
+def _gelu(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    d = _out(out_type).dtype
+    if attrs["approximate"] == "tanh":
+        k = math.sqrt(2.0 / math.pi)
+
+        def fn(x):
+            inner = _c(k, d) * (x + _c(0.044715, d) * x * x * x)
+            return _c(0.5, d) * x * (_c(1.0, d) + tvm.tirx.tanh(inner))
+    else:
+        def fn(x):
+            return _c(0.5, d) * x * (_c(1.0, d) + tvm.tirx.erf(x * _c(1 / math.sqrt(2.0), d)))
+    return _elemwise(args, out_type, fn, "gelu")
+
+
+def _typed_scalar(v: float, dtype: str) -> tvm.tirx.PrimExpr:
+    return const(v if _is_float(dtype) else int(v), dtype)
+
+
+@register_compute("clip")
+def _clip(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    d = _out(out_type).dtype
+    lo, hi = _typed_scalar(attrs["a_min"], d), _typed_scalar(attrs["a_max"], d)
+    return _elemwise(args, out_type, lambda x: tvm.tirx.min(tvm.tirx.max(x, lo), hi), "clip")
+
+
+@register_compute("leaky_relu")
+def _leaky_relu(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    d = _out(out_type).dtype
+    alpha = _c(attrs["alpha"], d)
+    return _elemwise(args, out_type,
+                     lambda x: tvm.tirx.Select(x > _c(0, d), x, x * alpha), "leaky_relu")
+
+
+@register_compute("cast")
+def _cast(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    d = _out(out_type).dtype
+    src = args[0].dtype
+    if d == "bool" and src != "bool":
+        # torch: nonzero -> True; a plain conversion would truncate 0.5 to False.
+        return _elemwise(args, out_type, lambda x: x != const(0, src), "cast")
+    return _elemwise(args, out_type, lambda x: x.astype(d), "cast")
+
+
+# ---------------------------------------------------------------- binary broadcast
+
+
+def _binary(op_name: str, fn: Callable) -> None:
+    @register_compute(op_name)
+    def _compute(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+        return _elemwise(args, out_type, fn, op_name)
+
+
+def _divide(a, b):
+    return a / b if _is_float(a.dtype) else tvm.tirx.truncdiv(a, b)
+
+
+def _floor_divide(a, b):
+    return tvm.tirx.floor(a / b) if _is_float(a.dtype) else tvm.tirx.floordiv(a, b)
+
+
+def _power(a, b):
+    if _is_float(a.dtype):
+        return tvm.tirx.power(a, b)
+    # integer powers through float64: exact for the small values models use
+    return tvm.tirx.round(tvm.tirx.power(a.astype("float64"), b.astype("float64"))).astype(
+        a.dtype)
+
+
+def _as_bool(x):
+    return x if str(x.dtype) == "bool" else x != const(0, x.dtype)
+
+
+_binary("add", lambda a, b: a + b)
+_binary("subtract", lambda a, b: a - b)
+_binary("multiply", lambda a, b: a * b)
+_binary("divide", _divide)
+_binary("power", _power)
+_binary("maximum", tvm.tirx.max)
+_binary("minimum", tvm.tirx.min)
+_binary("floor_divide", _floor_divide)
+_binary("equal", lambda a, b: a == b)
+_binary("not_equal", lambda a, b: a != b)
+_binary("less", lambda a, b: a < b)
+_binary("less_equal", lambda a, b: a <= b)
+_binary("greater", lambda a, b: a > b)
+_binary("greater_equal", lambda a, b: a >= b)
+_binary("logical_and", lambda a, b: tvm.tirx.And(_as_bool(a), _as_bool(b)))
+_binary("logical_or", lambda a, b: tvm.tirx.Or(_as_bool(a), _as_bool(b)))
+_binary("where", lambda c, x, y: tvm.tirx.Select(_as_bool(c), x, y))
+
+
+@register_compute("nn.bias_add")
+def _bias_add(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    x, b = args
+    out = _out(out_type)
+    axis = normalize_axis(attrs["axis"], x.ndim)
+    return te.compute(out.shape, lambda *i: x[i] + b[i[axis]], name="bias_add")
+
+
+# ---------------------------------------------------------------- reductions
+
+
+def _reduce_compute(x: te.Tensor, axes: tuple[int, ...], keepdims: bool,
+                    combine: Callable, name: str) -> te.Tensor:
+    """out[kept...] = combine(x[...], axis=reduce_axes). Spatial axes keep their
+    order, which keeps the reduce axes innermost in the generated loop nest."""
+    shape = _shape(x)
+    rvars = {a: te.reduce_axis((0, shape[a]), name=f"k{a}") for a in axes}
+    out_shape = [1 if i in axes else d for i, d in enumerate(shape)] if keepdims else [
+        d for i, d in enumerate(shape) if i not in axes]
+
+    def body(*idx):
+        it = iter(idx)
+        full = []
+        for i in range(len(shape)):
+            if i in axes:
+                full.append(rvars[i])
+                if keepdims:
+                    next(it)
+            else:
+                full.append(next(it))
+        return combine(x[tuple(full)], axis=list(rvars.values()))
+
+    return te.compute(tuple(out_shape), body, name=name)
+
+
+def _reduction(op_name: str, combine: Callable) -> None:
+    @register_compute(op_name)
+    def _compute(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+        (x,) = args
+        axes = reduce_axes(attrs, x.ndim)
+        if not axes:  # nothing to reduce: torch returns the input
+            return te.compute(_out(out_type).shape, lambda *i: x[i], name=op_name)
+        return _reduce_compute(x, axes, attrs["keepdims"], combine, op_name)
+
+
+_prod = te.comm_reducer(lambda a, b: a * b, lambda t: const(1, t), name="prod")
+_reduction("sum", te.sum)
+_reduction("max", te.max)
+_reduction("min", te.min)
+_reduction("prod", _prod)
+
+
+def _count(x: te.Tensor, axes: Sequence[int]) -> int:
+    return int(math.prod(_shape(x)[a] for a in axes))
+
+
+@register_compute("mean")
+def _mean(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    (x,) = args
+    axes = reduce_axes(attrs, x.ndim)
+    if not axes:
+        return te.compute(_out(out_type).shape, lambda *i: x[i], name="mean")
+    s = _reduce_compute(x, axes, attrs["keepdims"], te.sum, "mean_sum")
+    n = const(float(_count(x, axes)), x.dtype)
+    return te.compute(s.shape, lambda *i: s[i] / n, name="mean")
+
+
+@register_compute("variance")
+def _variance(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    (x,) = args
+    axes = reduce_axes(attrs, x.ndim)
+    d = x.dtype
+    n = _count(x, axes)
+    # two passes (mean, then squared deviations) for precision, as torch does
+    mean = _reduce_compute(x, axes, True, te.sum, "var_sum")
+    dev = te.compute(x.shape, lambda *i: x[i] - mean[tuple(_bcast_index(mean, i))] / _c(n, d),
+                     name="var_dev")
+    sq = _reduce_compute(te.compute(x.shape, lambda *i: dev[i] * dev[i], name="var_sq"),
+                         axes, attrs["keepdims"], te.sum, "var_sqsum")
+    denom = max(n - attrs["correction"], 0)
+    # torch gives inf/nan when n <= correction; dividing by 0.0 reproduces that.
+    return te.compute(sq.shape, lambda *i: sq[i] / _c(float(denom), d), name="variance")
+
+
+# ---------------------------------------------------------------- nn anchors
+
+
+@register_compute("nn.conv2d")
+def _conv2d(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    """NCHW x OIHW, any groups (depthwise is groups == C): one reduction block so one
+    schedule template covers all three."""
+    data, weight = args
+    out = _out(out_type)
+    n, c, h, w = _shape(data)
+    o, ipg, kh, kw = _shape(weight)
+    groups = attrs["groups"]
+    opg = o // groups
+    pad = attrs["padding"]
+    pt, pl, pb, pr = (pad[0], pad[1], pad[0], pad[1]) if len(pad) == 2 else pad
+    sh, sw = attrs["strides"]
+    dh, dw = attrs["dilation"]
+    if pt or pl or pb or pr:
+        data = topi.nn.pad(data, [0, 0, pt, pl], [0, 0, pb, pr], name="conv_pad")
+    ric = te.reduce_axis((0, ipg), name="ric")
+    rkh = te.reduce_axis((0, kh), name="rkh")
+    rkw = te.reduce_axis((0, kw), name="rkw")
+
+    def body(b, oc, y, x):
+        ic = ric if groups == 1 else (oc // opg) * ipg + ric
+        return te.sum(data[b, ic, y * sh + rkh * dh, x * sw + rkw * dw].astype(out.dtype)
+                      * weight[oc, ric, rkh, rkw].astype(out.dtype), axis=[ric, rkh, rkw])
+
+    return te.compute(out.shape, body, name="conv2d", attrs={ANCHOR_ATTR: "conv2d"})
+
+
+@register_compute("nn.dense")
+def _dense(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    x, w = args
+    out = _out(out_type)
+    k = te.reduce_axis((0, _shape(w)[1]), name="k")
+    return te.compute(out.shape, lambda *i: te.sum(x[i[:-1] + (k,)] * w[i[-1], k], axis=k),
+                      name="dense", attrs={ANCHOR_ATTR: "dense"})
+
+
+@register_compute("nn.matmul")
+def _matmul(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    a, b = args
+    out = _out(out_type)
+    ta, tb = attrs["transpose_a"], attrs["transpose_b"]
+    kdim = _shape(a)[-2] if ta else _shape(a)[-1]
+    k = te.reduce_axis((0, kdim), name="k")
+    nb = len(out.shape) - 2
+
+    def batch_idx(t: te.Tensor, bidx: Sequence) -> list:
+        tb_shape = _shape(t)[:-2]
+        lead = nb - len(tb_shape)
+        return [0 if d == 1 else bidx[lead + i] for i, d in enumerate(tb_shape)]
+
+    def body(*i):
+        bidx, m, n = i[:nb], i[nb], i[nb + 1]
+        ai = batch_idx(a, bidx) + ([k, m] if ta else [m, k])
+        bi = batch_idx(b, bidx) + ([n, k] if tb else [k, n])
+        return te.sum(a[tuple(ai)] * b[tuple(bi)], axis=k)
+
+    return te.compute(out.shape, body, name="matmul",
+                      attrs={ANCHOR_ATTR: "matmul_nt" if tb else "matmul"})
+
+
+def _pool_geometry(x: te.Tensor, attrs: Attrs, out: TensorType):
+    pad = attrs["padding"]
+    pt, pl, pb, pr = (pad[0], pad[1], pad[0], pad[1]) if len(pad) == 2 else pad
+    kh, kw = attrs["pool_size"]
+    sh, sw = attrs["strides"]
+    dh, dw = attrs.get("dilation", (1, 1))
+    _, _, h, w = _shape(x)
+    oh, ow = out.shape[2], out.shape[3]
+    # ceil_mode windows may run past the bottom/right padding: pad far enough that every
+    # window reads inside the padded buffer.
+    need_h = (oh - 1) * sh + dh * (kh - 1) + 1
+    need_w = (ow - 1) * sw + dw * (kw - 1) + 1
+    eb = max(pb, need_h - h - pt)
+    er = max(pr, need_w - w - pl)
+    return (pt, pl, pb, pr), (eb, er), (kh, kw), (sh, sw), (dh, dw), (h, w)
+
+
+@register_compute("nn.max_pool2d")
+def _max_pool2d(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    (x,) = args
+    out = _out(out_type)
+    (pt, pl, _, _), (eb, er), (kh, kw), (sh, sw), (dh, dw), _ = _pool_geometry(x, attrs, out)
+    lowest = tvm.tirx.min_value(x.dtype)
+    if pt or pl or eb or er:
+        x = topi.nn.pad(x, [0, 0, pt, pl], [0, 0, eb, er], pad_value=lowest, name="pool_pad")
+    rh = te.reduce_axis((0, kh), name="rh")
+    rw = te.reduce_axis((0, kw), name="rw")
+    return te.compute(
+        out.shape,
+        lambda b, c, y, xx: te.max(x[b, c, y * sh + rh * dh, xx * sw + rw * dw], axis=[rh, rw]),
+        name="max_pool2d", attrs={ANCHOR_ATTR: "pool"})
+
+
+@register_compute("nn.avg_pool2d")
+def _avg_pool2d(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    (x,) = args
+    out = _out(out_type)
+    (pt, pl, pb, pr), (eb, er), (kh, kw), (sh, sw), _, (h, w) = _pool_geometry(x, attrs, out)
+    d = x.dtype
+    if pt or pl or eb or er:
+        x = topi.nn.pad(x, [0, 0, pt, pl], [0, 0, eb, er], pad_value=0.0, name="pool_pad")
+    rh = te.reduce_axis((0, kh), name="rh")
+    rw = te.reduce_axis((0, kw), name="rw")
+    s = te.compute(out.shape,
+                   lambda b, c, y, xx: te.sum(x[b, c, y * sh + rh, xx * sw + rw], axis=[rh, rw]),
+                   name="avg_pool_sum", attrs={ANCHOR_ATTR: "pool"})
+    include_pad = attrs["count_include_pad"]
+    tmin, tmax = tvm.tirx.min, tvm.tirx.max
+
+    def divisor(y, xx):
+        # torch's avg_pool2d: the window clipped to the padded input, then (unless
+        # count_include_pad) to the input itself.
+        hs, ws = y * sh - pt, xx * sw - pl
+        he, we = tmin(hs + kh, h + pb), tmin(ws + kw, w + pr)
+        if not include_pad:
+            hs, ws, he, we = tmax(hs, 0), tmax(ws, 0), tmin(he, h), tmin(we, w)
+        return ((he - hs) * (we - ws)).astype(d)
+
+    return te.compute(out.shape, lambda b, c, y, xx: s[b, c, y, xx] / divisor(y, xx),
+                      name="avg_pool2d")
+
+
+@register_compute("nn.adaptive_avg_pool2d")
+def _adaptive_avg_pool2d(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    return topi.nn.adaptive_pool(args[0], tuple(attrs["output_size"]), "avg", "NCHW")
+
+
+def _softmax_parts(x: te.Tensor, axis: int):
+    shape = _shape(x)
+    k1 = te.reduce_axis((0, shape[axis]), name="k1")
+    k2 = te.reduce_axis((0, shape[axis]), name="k2")
+    red_shape = shape[:axis] + shape[axis + 1:]
+
+    def at(i, k):
+        return x[tuple(i[:axis]) + (k,) + tuple(i[axis:])]
+
+    mx = te.compute(red_shape, lambda *i: te.max(at(i, k1), axis=k1), name="softmax_max")
+    es = te.compute(red_shape, lambda *i: te.sum(tvm.tirx.exp(at(i, k2) - mx[i]), axis=k2),
+                    name="softmax_expsum")
+
+    def red(i):
+        return tuple(i[:axis]) + tuple(i[axis + 1:])
+
+    return mx, es, red
+
+
+@register_compute("nn.softmax")
+def _softmax(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    (x,) = args
+    axis = normalize_axis(attrs["axis"], x.ndim)
+    mx, es, red = _softmax_parts(x, axis)
+    return te.compute(x.shape, lambda *i: tvm.tirx.exp(x[i] - mx[red(i)]) / es[red(i)],
+                      name="softmax")
+
+
+@register_compute("nn.log_softmax")
+def _log_softmax(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    (x,) = args
+    axis = normalize_axis(attrs["axis"], x.ndim)
+    mx, es, red = _softmax_parts(x, axis)
+    return te.compute(x.shape, lambda *i: x[i] - mx[red(i)] - tvm.tirx.log(es[red(i)]),
+                      name="log_softmax")
+
+
+@register_compute("nn.layer_norm")
+def _layer_norm(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    x, gamma, beta = args
+    d = x.dtype
+    axis = x.ndim - 1
+    n = _shape(x)[axis]
+    s = _reduce_compute(x, (axis,), False, te.sum, "ln_sum")
+    mean = te.compute(s.shape, lambda *i: s[i] / _c(float(n), d), name="ln_mean")
+    k = te.reduce_axis((0, n), name="kv")
+    var = te.compute(
+        s.shape,
+        lambda *i: te.sum((x[i + (k,)] - mean[i]) * (x[i + (k,)] - mean[i]), axis=k),
+        name="ln_varsum")
+    eps = _c(attrs["epsilon"], d)
+    return te.compute(
+        x.shape,
+        lambda *i: (x[i] - mean[i[:-1]])
+        * tvm.tirx.rsqrt(var[i[:-1]] / _c(float(n), d) + eps) * gamma[i[-1]] + beta[i[-1]],
+        name="layer_norm")
+
+
+@register_compute("nn.batch_norm")
+def _batch_norm(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    x, gamma, beta, mean, var = args
+    eps = _c(attrs["epsilon"], x.dtype)
+    return te.compute(
+        x.shape,
+        lambda *i: (x[i] - mean[i[1]]) / tvm.tirx.sqrt(var[i[1]] + eps) * gamma[i[1]]
+        + beta[i[1]],
+        name="batch_norm")
+
+
+# ---------------------------------------------------------------- injective
+
+
+@register_compute("take")
+def _take(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    data, indices = args
+    out = _out(out_type)
+    axis = normalize_axis(attrs["axis"], data.ndim)
+    dim = _shape(data)[axis]
+    ni = indices.ndim
+
+    def body(*i):
+        idx = indices[tuple(i[axis:axis + ni])] if ni else indices()
+        idx = idx.astype("int64")
+        # python-style negative indices, then clamp: never read out of bounds
+        idx = tvm.tirx.Select(idx < 0, idx + dim, idx)
+        idx = tvm.tirx.min(tvm.tirx.max(idx, const(0, "int64")), const(dim - 1, "int64"))
+        return data[tuple(i[:axis]) + (idx,) + tuple(i[axis + ni:])]
+
+    return te.compute(out.shape, body, name="take")
+
+
+@register_compute("reshape")
+def _reshape(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    return topi.reshape(args[0], _out(out_type).shape)
+
+
+@register_compute("transpose")
+def _transpose(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    return topi.transpose(args[0], [normalize_axis(a, args[0].ndim) for a in attrs["axes"]])
+
+
+@register_compute("broadcast_to")
+def _broadcast_to(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    (x,) = args
+    return te.compute(_out(out_type).shape, lambda *i: _read(x, i), name="broadcast_to")
+
+
+@register_compute("strided_slice")
+def _strided_slice(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    (x,) = args
+    shape = _shape(x)
+    starts = [0] * x.ndim
+    steps = [1] * x.ndim
+    for axis, begin, end, step in zip(attrs["axes"], attrs["begin"], attrs["end"],
+                                      attrs["strides"], strict=True):
+        axis = normalize_axis(axis, x.ndim)
+        starts[axis], _, _ = slice(begin, end, step).indices(shape[axis])
+        steps[axis] = step
+    return te.compute(
+        _out(out_type).shape,
+        lambda *i: x[tuple(starts[a] + i[a] * steps[a] for a in range(x.ndim))],
+        name="strided_slice")
+
+
+@register_compute("concatenate")
+def _concatenate(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    axis = normalize_axis(attrs["axis"], args[0].ndim)
+    return topi.concatenate(list(args), axis)
+
+
+def _shifted(x: te.Tensor, axis: int, offset: int) -> Callable:
+    # a closure per field: te.compute rejects keyword-default arguments
+    def body(*i):
+        return x[tuple(i[:axis]) + (i[axis] + offset,) + tuple(i[axis + 1:])]
+
+    return body
+
+
+@register_compute("split")
+def _split(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> list[te.Tensor]:
+    (x,) = args
+    assert isinstance(out_type, TupleType)
+    axis = normalize_axis(attrs["axis"], x.ndim)
+    outs = []
+    offset = 0
+    for j, field_ty in enumerate(out_type.fields):
+        outs.append(te.compute(_out(field_ty).shape, _shifted(x, axis, offset), name=f"split{j}"))
+        offset += _out(field_ty).shape[axis]
+    return outs

@@ -1,0 +1,372 @@
+"""The default (untuned) schedule for a lowered primitive function on a CPU.
+
+Shape of what it does, in order:
+1. inline every pure injective block that is not an output into its consumers
+   (elementwise chains, broadcasts, reshapes, scalar constants), so that a fused
+   epilogue becomes ONE block reading the anchor's result;
+2. anchors ("tecc.anchor" annotation from computes.py) get a tiled template:
+   dense / matmul: register tile mb x nb (nb = 2 vectors), weight packed for dense,
+   accumulator in a local buffer, epilogue computed under the tile loop;
+   conv2d (NCHW): tile oc x ow (ow vectorized), reduction inside, same epilogue;
+   pool: ow vectorized under the window loops;
+3. every block still at the root gets parallel outer loops and a vectorized
+   inner loop when the extents allow.
+Each template runs on a copy of the schedule; if any primitive refuses (ScheduleError),
+the copy is dropped and the block keeps the generic schedule: never wrong, maybe slow.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import tvm
+from tvm.s_tir.schedule import Schedule
+
+from schedules.target import vector_lanes
+
+log = logging.getLogger(__name__)
+
+ANCHOR_ATTR = "tecc.anchor"
+PARALLEL_MIN_WORK = 16384  # below this, thread-pool start-up costs more than it saves
+DATA_PAR, COMM_REDUCE = 0, 2
+
+
+# ---------------------------------------------------------------- block queries
+
+
+def _root_blocks(sch: Schedule) -> list:
+    return list(sch.get_child_blocks(sch.get_sblock("root")))
+
+
+def _block_name(sch: Schedule, block) -> str:
+    return sch.get(block).name_hint
+
+
+def _iter_types(sch: Schedule, block) -> list[int]:
+    return [int(iv.iter_type) for iv in sch.get(block).iter_vars]
+
+
+def _is_reduction(sch: Schedule, block) -> bool:
+    return any(t != DATA_PAR for t in _iter_types(sch, block))
+
+
+def _anchor_kind(sch: Schedule, block) -> str | None:
+    value = sch.get(block).annotations.get(ANCHOR_ATTR)
+    return None if value is None else str(value)
+
+
+def _extent(sch: Schedule, loop) -> int | None:
+    ext = sch.get(loop).extent
+    return int(ext) if isinstance(ext, tvm.tirx.IntImm) else None
+
+
+def _output_names(sch: Schedule) -> set[str]:
+    return {_block_name(sch, b) for b in sch.get_output_blocks(sch.get_sblock("root"))}
+
+
+def _is_output(sch: Schedule, block, outputs: set[str]) -> bool:
+    return _block_name(sch, block) in outputs
+
+
+def _largest_divisor(n: int, limit: int, pow2: bool = False) -> int:
+    """Largest d <= limit dividing n (a power of two when pow2)."""
+    for d in range(min(limit, n), 0, -1):
+        if n % d == 0 and (not pow2 or d & (d - 1) == 0):
+            return d
+    return 1
+
+
+# ---------------------------------------------------------------- entry point
+
+
+def default_schedule(sch: Schedule, target: tvm.target.Target) -> Schedule:
+    """Schedule every block of `sch` for `target`; returns the (possibly new) Schedule."""
+    if target.kind.name != "llvm":
+        return sch  # GPU schedules are a later milestone; the naive nest is correct
+    lanes = vector_lanes(target)
+    _inline_injective(sch)
+    for block in _root_blocks(sch):
+        kind = _anchor_kind(sch, block)
+        if kind is None:
+            continue
+        name = _block_name(sch, block)
+        template = _TEMPLATES.get(kind)
+        if template is None:
+            continue
+        trial = sch.copy()
+        try:
+            template(trial, trial.get_sblock(name), lanes)
+        except Exception as err:  # noqa: BLE001 - any refusal means: keep generic
+            log.debug("template %s failed on %s, generic schedule: %s", kind, name, err)
+            continue
+        sch = trial
+    for block in _root_blocks(sch):
+        if not _is_scheduled(sch, block):
+            _generic(sch, block, lanes)
+    return sch
+
+
+def _inline_injective(sch: Schedule) -> None:
+    """compute_inline spatial, non-output blocks into their consumers; repeat until
+    nothing changes (inlining one block can make its producer inlinable)."""
+    outputs = _output_names(sch)
+    changed = True
+    while changed:
+        changed = False
+        for block in _root_blocks(sch):
+            if _is_reduction(sch, block) or _is_output(sch, block, outputs):
+                continue
+            name = _block_name(sch, block)
+            if _keep_materialized(sch, block, name):
+                continue
+            try:
+                sch.compute_inline(block)
+                changed = True
+            except Exception:
+                pass
+
+
+def _keep_materialized(sch: Schedule, block, name: str) -> bool:
+    """Padding read by a conv or pool stays a buffer: inlined, it puts a bounds check
+    in the innermost loop of the anchor."""
+    if "pad" not in name:
+        return False
+    return any(_anchor_kind(sch, c) in ("conv2d", "pool") for c in sch.get_consumers(block))
+
+
+def _is_scheduled(sch: Schedule, block) -> bool:
+    """A block placed by a template: it shares its outermost loop with other blocks
+    (anchor + init + epilogue) or a loop of it is already annotated."""
+    loops = sch.get_loops(block)
+    if not loops:
+        return False
+    if len(sch.get_child_blocks(loops[0])) > 1:
+        return True
+    return any(int(sch.get(lp).kind) != 0 for lp in loops)  # 0: serial
+
+
+# ---------------------------------------------------------------- generic
+
+
+def _generic(sch: Schedule, block, lanes: int) -> None:
+    try:
+        if _is_reduction(sch, block):
+            _generic_reduction(sch, block)
+        else:
+            _generic_spatial(sch, block, lanes)
+    except Exception as err:
+        log.debug("generic schedule failed on %s: %s", _block_name(sch, block), err)
+
+
+def _generic_spatial(sch: Schedule, block, lanes: int) -> None:
+    loops = sch.get_loops(block)
+    if not loops:
+        return
+    exts = [_extent(sch, lp) for lp in loops]
+    if any(e is None for e in exts):
+        return
+    total = math.prod(exts)
+    inner = exts[-1]
+    vec = _largest_divisor(inner, lanes, pow2=True)
+    if vec >= 4 or len(loops) == 1:
+        # vectorize the innermost axis: contiguous for the common row-major case
+        *outer, last = loops
+        lo, vi = sch.split(last, [None, vec]) if vec > 1 else (last, None)
+        outer = [*outer, lo]
+    else:
+        fused = sch.fuse(*loops)
+        vec = _largest_divisor(total, lanes, pow2=True)
+        lo, vi = sch.split(fused, [None, vec]) if vec > 1 else (fused, None)
+        outer = [lo]
+    top = sch.fuse(*outer) if len(outer) > 1 else outer[0]
+    if total >= PARALLEL_MIN_WORK and total // max(vec, 1) > 1:
+        sch.parallel(top)
+    if vi is not None and vec > 1:
+        sch.vectorize(vi)
+
+
+def _generic_reduction(sch: Schedule, block) -> None:
+    types = _iter_types(sch, block)
+    loops = sch.get_loops(block)
+    if len(loops) != len(types):
+        return
+    spatial = [lp for lp, t in zip(loops, types, strict=True) if t == DATA_PAR]
+    if not spatial or loops[: len(spatial)] != spatial:
+        return
+    exts = [_extent(sch, lp) for lp in loops]
+    if any(e is None for e in exts):
+        return
+    work = math.prod(exts)
+    outer = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
+    if work >= PARALLEL_MIN_WORK and math.prod(exts[: len(spatial)]) > 1:
+        sch.parallel(outer)
+
+
+# ---------------------------------------------------------------- templates
+
+
+def _epilogue_target(sch: Schedule, anchor, write_back):
+    """The block to compute under the anchor's tile: the write-back block, or (when
+    the anchor's result feeds an epilogue) the write-back inlined into the epilogue."""
+    consumers = list(sch.get_consumers(write_back))
+    if len(consumers) == 1 and not _is_reduction(sch, consumers[0]):
+        sch.compute_inline(write_back)
+        return consumers[0]
+    return write_back
+
+
+def _vectorize_tail(sch: Schedule, block, n_inner: int, lanes: int) -> None:
+    """Vectorize the last of `block`'s loops (under the tile) when its extent allows."""
+    loops = sch.get_loops(block)
+    last = loops[-1]
+    ext = _extent(sch, last)
+    if ext is None or ext < 2:
+        return
+    vec = _largest_divisor(ext, lanes, pow2=True)
+    if vec == ext:
+        sch.vectorize(last)
+    elif vec > 1:
+        _, vi = sch.split(last, [None, vec])
+        sch.vectorize(vi)
+
+
+def _dense_like(sch: Schedule, block, lanes: int, pack_weight: bool) -> None:
+    """C[m, n] (+batch) = sum_k A * B: register tile mb x nb, nb vectorized.
+    Loop nest: parallel(batch, mo, no) / ko / ki / mi (unrolled) / ni (vectorized)."""
+    loops = sch.get_loops(block)
+    types = _iter_types(sch, block)
+    if types[-1] != COMM_REDUCE or types.count(COMM_REDUCE) != 1:
+        raise ValueError("dense template needs exactly one reduction axis, innermost")
+    *spatial, k = loops
+    exts = [_extent(sch, lp) for lp in loops]
+    n_ext, k_ext = exts[-2], exts[-1]
+    if len(spatial) < 2:
+        raise ValueError("dense template needs an M and an N axis")
+    # Leading axes stay separate "batch" loops: fusing them into M makes the tile's
+    # region non-rectangular and reverse_compute_at over-approximates it.
+    batch, m = spatial[:-2], spatial[-2]
+    m_ext = exts[-3]
+    n = spatial[-1]
+    nb = 2 * lanes if n_ext % (2 * lanes) == 0 else _largest_divisor(n_ext, lanes, pow2=True)
+    if nb < 4:
+        raise ValueError(f"N={n_ext} has no vector-sized divisor")
+    mb = _largest_divisor(m_ext, 4)
+    kb = _largest_divisor(k_ext, 256)
+
+    if pack_weight:
+        # packed[..., N/nb, K, nb]: each k step reads nb contiguous values of B, and a
+        # tile's panel of B is one contiguous block (no cache-set conflicts).
+        sch.cache_read(block, 1, "global")
+        sch.transform_layout(block, ("read", 1), _pack_map(sch.get(block), nb))
+    acc = sch.cache_write(block, 0, "local")
+    mo, mi = sch.split(m, [None, mb])
+    no, ni = sch.split(n, [None, nb])
+    ko, ki = sch.split(k, [None, kb])
+    sch.reorder(*batch, mo, no, ko, ki, mi, ni)
+    target = _epilogue_target(sch, block, acc)
+    sch.reverse_compute_at(target, no, preserve_unit_loops=True)
+    top = sch.fuse(*batch, mo, no)
+    if math.prod(exts) >= PARALLEL_MIN_WORK:
+        sch.parallel(top)
+    sch.unroll(mi)
+    sch.vectorize(ni)
+    init = sch.decompose_reduction(block, ko)
+    _vectorize_tail(sch, target, 0, lanes)
+    _vectorize_tail(sch, init, 0, lanes)
+    if pack_weight:
+        for b in _root_blocks(sch):
+            if _block_name(sch, b).endswith("_global"):
+                _pack_schedule(sch, b, lanes)
+
+
+def _pack_map(block, nb: int):
+    """Index map packing operand B of a dense-like block to [..., N/nb, K, nb]:
+    B[..., n, k] for dense and matmul_nt, B[..., k, n] for matmul."""
+    n_major = str(block.annotations[ANCHOR_ATTR]) in ("dense", "matmul_nt")
+
+    def index_map(*idx):
+        *batch, a, b = idx
+        nn, kk = (a, b) if n_major else (b, a)
+        return (*batch, nn // nb, kk, nn % nb)
+
+    return index_map
+
+
+def _pack_schedule(sch: Schedule, block, lanes: int) -> None:
+    loops = sch.get_loops(block)
+    ext = math.prod(_extent(sch, lp) or 1 for lp in loops)
+    if ext >= PARALLEL_MIN_WORK:
+        sch.parallel(loops[0])
+
+
+def _dense(sch: Schedule, block, lanes: int) -> None:
+    _dense_like(sch, block, lanes, pack_weight=True)
+
+
+def _matmul(sch: Schedule, block, lanes: int) -> None:
+    _dense_like(sch, block, lanes, pack_weight=True)
+
+
+def _conv2d(sch: Schedule, block, lanes: int) -> None:
+    """NCHW conv: parallel(n, oc_o, oh) / ow_o / ic, kh, kw / oc_i (unrolled) /
+    ow_i (vectorized); accumulator local, epilogue under ow_o."""
+    loops = sch.get_loops(block)
+    if len(loops) != 7:
+        raise ValueError("conv2d template expects n, oc, oh, ow, ic, kh, kw")
+    n, oc, oh, ow, ic, kh, kw = loops
+    exts = [_extent(sch, lp) for lp in loops]
+    oc_ext, ow_ext = exts[1], exts[3]
+    owb = _largest_divisor(ow_ext, 2 * lanes, pow2=True)
+    if owb < 4:
+        owb = ow_ext if ow_ext <= 2 * lanes else _largest_divisor(ow_ext, 2 * lanes)
+    vecs = max(1, owb // lanes)
+    ocb = _largest_divisor(oc_ext, max(1, 8 // vecs))
+    acc = sch.cache_write(block, 0, "local")
+    oco, oci = sch.split(oc, [None, ocb])
+    owo, owi = sch.split(ow, [None, owb])
+    sch.reorder(n, oco, oh, owo, ic, kh, kw, oci, owi)
+    target = _epilogue_target(sch, block, acc)
+    sch.reverse_compute_at(target, owo, preserve_unit_loops=True)
+    top = sch.fuse(n, oco, oh)
+    if math.prod(exts) >= PARALLEL_MIN_WORK:
+        sch.parallel(top)
+    sch.unroll(oci)
+    if owb & (owb - 1) == 0 and owb > 1:
+        sch.vectorize(owi)
+    init = sch.decompose_reduction(block, ic)
+    _vectorize_tail(sch, target, 0, lanes)
+    _vectorize_tail(sch, init, 0, lanes)
+
+
+def _pool(sch: Schedule, block, lanes: int) -> None:
+    """Window reductions: parallel(n, c, oh) / ow_o / rh, rw / ow_i (vectorized)."""
+    loops = sch.get_loops(block)
+    if len(loops) != 6:
+        raise ValueError("pool template expects n, c, oh, ow, rh, rw")
+    n, c, oh, ow, rh, rw = loops
+    exts = [_extent(sch, lp) for lp in loops]
+    vec = _largest_divisor(exts[3], lanes, pow2=True)
+    owo, owi = sch.split(ow, [None, vec])
+    sch.reorder(n, c, oh, owo, rh, rw, owi)
+    top = sch.fuse(n, c, oh)
+    if math.prod(exts) >= PARALLEL_MIN_WORK:
+        sch.parallel(top)
+    consumers = list(sch.get_consumers(block))
+    if len(consumers) == 1 and not _is_reduction(sch, consumers[0]):
+        sch.reverse_compute_at(consumers[0], owo, preserve_unit_loops=True)
+        _vectorize_tail(sch, consumers[0], 0, lanes)
+    if vec > 1:
+        sch.vectorize(owi)  # before decompose: the update block alone is not "complete"
+    init = sch.decompose_reduction(block, rh)
+    if vec > 1:
+        _vectorize_tail(sch, init, 0, lanes)
+
+
+_TEMPLATES = {
+    "dense": _dense,
+    "matmul": _matmul,
+    "matmul_nt": _matmul,
+    "conv2d": _conv2d,
+    "pool": _pool,
+}

@@ -1,0 +1,38 @@
+"""Comparison helpers shared by the tests."""
+
+import numpy as np
+import torch
+
+
+def flatten(value) -> list:
+    if isinstance(value, dict):
+        return [x for v in value.values() for x in flatten(v)]
+    if isinstance(value, list | tuple):
+        return [x for v in value for x in flatten(v)]
+    if hasattr(value, "to_tuple"):  # transformers' ModelOutput
+        return flatten(value.to_tuple())
+    return [value]
+
+
+def max_rel_error(got, expected) -> float:
+    """max |got - expected| / max |expected| over all outputs."""
+    worst = 0.0
+    for g, e in zip(flatten(got), flatten(expected), strict=True):
+        g = g.detach().numpy() if isinstance(g, torch.Tensor) else np.asarray(g)
+        e = e.detach().numpy() if isinstance(e, torch.Tensor) else np.asarray(e)
+        scale = max(float(np.abs(e).max()), 1e-6) if e.size else 1.0
+        worst = max(worst, float(np.abs(g.astype("float64") - e).max()) / scale if e.size else 0)
+    return worst
+
+
+def assert_close(got, expected, rtol: float = 1e-4, atol: float = 1e-5) -> None:
+    got_flat, exp_flat = flatten(got), flatten(expected)
+    assert len(got_flat) == len(exp_flat), f"{len(got_flat)} outputs, expected {len(exp_flat)}"
+    for i, (g, e) in enumerate(zip(got_flat, exp_flat, strict=True)):
+        assert isinstance(g, type(e)) or isinstance(e, torch.Tensor) and isinstance(
+            g, torch.Tensor), f"output {i}: {type(g).__name__}, expected {type(e).__name__}"
+        g = g.detach().numpy() if isinstance(g, torch.Tensor) else g
+        e = e.detach().numpy() if isinstance(e, torch.Tensor) else e
+        assert g.shape == e.shape and g.dtype == e.dtype, (
+            f"output {i}: {g.shape} {g.dtype}, expected {e.shape} {e.dtype}")
+        np.testing.assert_allclose(g, e, rtol=rtol, atol=atol, err_msg=f"output {i}")

@@ -141,8 +141,11 @@ class Constant(Expr):
     ty: Type = field(init=False)
 
     def __post_init__(self) -> None:
-        data = np.ascontiguousarray(self.data)
-        data.setflags(write=False)
+        data = self.data
+        if not isinstance(data, np.ndarray) or data.flags.writeable or not data.flags.c_contiguous:
+            # A private read-only copy: constants are shared by rewritten graphs.
+            data = np.array(data, order="C")
+            data.setflags(write=False)
         object.__setattr__(self, "data", data)
         object.__setattr__(self, "ty", TensorType(data.shape, str(data.dtype)))
 

@@ -66,7 +66,7 @@ def _conform(value: np.ndarray, ty: Type) -> np.ndarray:
         value = value.astype(ty.dtype)
     if value.shape != ty.shape:  # e.g. a 0-d numpy scalar for a (1,) type
         value = np.broadcast_to(value, ty.shape)
-    return np.ascontiguousarray(value)
+    return np.array(value, order="C")  # (np.ascontiguousarray would make a 0-d array 1-d)
 
 
 def _is_float(a: np.ndarray) -> bool:

@@ -5,6 +5,8 @@ nothing at run time.
 
 from __future__ import annotations
 
+import numpy as np
+
 from frontend.ir import Call, Constant, Expr, Function, Tuple, TupleGetItem, TupleType, rewrite
 from graph_opt.evaluate import evaluate_call, has_evaluator
 from graph_opt.pass_manager import register_pass
@@ -21,6 +23,14 @@ def _too_big(node: Call, args: tuple[Constant, ...]) -> bool:
     out_bytes = sum(t.nbytes for t in types)
     in_bytes = sum(a.tensor_type.nbytes for a in args)
     return out_bytes > BLOWUP_FACTOR * in_bytes and out_bytes > MAX_BLOWUP_BYTES
+
+
+def _constant(value: np.ndarray) -> Expr:
+    # Constant stores its data with np.ascontiguousarray, which turns a 0-d array
+    # into shape (1,); a 0-d result (a full reduction) keeps its type as a reshape.
+    if value.ndim == 0:
+        return Call("reshape", (Constant(value.reshape(1)),), {"newshape": ()})
+    return Constant(value)
 
 
 @register_pass("fold_constants", opt_level=2)
@@ -40,7 +50,7 @@ def fold_constants(func: Function) -> Function:
         if value is None:
             return None
         if isinstance(value, list):  # a tuple-valued op (split)
-            return Tuple([Constant(v) for v in value])
-        return Constant(value)
+            return Tuple([_constant(v) for v in value])
+        return _constant(value)
 
     return rewrite(func, visit)

@@ -22,6 +22,7 @@ from frontend.ir import (
     with_children,
 )
 from frontend.ops import Pattern, get_op
+from graph_opt.pass_manager import register_pass
 
 
 def is_primitive_call(expr: Expr) -> bool:
@@ -213,7 +214,7 @@ def fuse_groups(func: Function, max_depth: int = 64) -> dict[int, int]:
     numbering: dict[int, int] = {}
     result: dict[int, int] = {}
     for n, g in zip(nodes, groups, strict=True):
-        if _fusible(n):
+        if isinstance(n, Call) and isinstance(n.op, str):  # tuple-valued ops stay alone
             result[id(n)] = numbering.setdefault(id(g.root()), len(numbering))
     return result
 
@@ -235,7 +236,6 @@ def fuse_ops(func: Function, max_depth: int = 64) -> Function:
         used_outside.add(id(f))
 
     new: dict[int, Expr] = {}  # old node id -> expression in the fused function
-    done: set[int] = set()
 
     for n in nodes:
         if id(n) not in group_of:
@@ -243,10 +243,9 @@ def fuse_ops(func: Function, max_depth: int = 64) -> Function:
                 new[id(n)] = with_children(n, tuple(new.get(id(c), c) for c in children(n)))
             continue
         gid = group_of[id(n)]
-        if gid in done:
-            continue
-        done.add(gid)
         group_nodes = members[gid]
+        if n is not group_nodes[-1]:
+            continue  # a group is built at its last member: its inputs exist by then
         group_ids = {id(m) for m in group_nodes}
         inputs: list[Expr] = []
         for m in group_nodes:
@@ -272,3 +271,8 @@ def fuse_ops(func: Function, max_depth: int = 64) -> Function:
                 new[id(o)] = TupleGetItem(call, k)
     body = new.get(id(func.body), func.body)
     return Function(func.params, body, func.attrs)
+
+
+@register_pass("fuse_ops", opt_level=1)
+def fuse_ops_pass(func: Function) -> Function:
+    return fuse_ops(func)

@@ -11,9 +11,9 @@ from __future__ import annotations
 import numpy as np
 
 from frontend.ir import Call, Constant, Expr, Function, Tuple, TupleGetItem, rewrite
-from frontend.ops import normalize_axis
+from frontend.ops import normalize_axis, reduce_axes
 from graph_opt.pass_manager import register_pass
-from graph_opt.patterns import is_op, is_scalar
+from graph_opt.patterns import is_op, is_scalar, use_counts
 
 
 def _strided_slice_is_identity(node: Call, x: Expr) -> bool:
@@ -70,9 +70,27 @@ def _bias_of_dense(node: Call, dense: Expr, bias: Expr) -> Expr | None:
     return Call("nn.bias_add", (dense, b), {"axis": -1}, span=node.span)
 
 
+_REDUCTIONS = ("sum", "mean", "max", "min", "prod", "variance")
+
+
+def _drop_kept_dims(node: Call, x: Expr, x_uses: int) -> Expr | None:
+    """reshape(reduce(y, keepdims=True)) that only removes the kept 1-dims is
+    reduce(y, keepdims=False): one call less (the global pooling + flatten of CNN
+    heads). Only when the reduction has no other user, else it would run twice."""
+    if not is_op(x, *_REDUCTIONS) or not x.attrs["keepdims"] or x_uses != 1:  # type: ignore[union-attr]
+        return None
+    assert isinstance(x, Call)
+    y = x.args[0]
+    axes = reduce_axes(x.attrs, len(y.shape))
+    if node.shape != tuple(d for i, d in enumerate(y.shape) if i not in axes):
+        return None
+    return Call(x.op, (y,), x.attrs.with_(keepdims=False), span=x.span)
+
+
 @register_pass("simplify", opt_level=1)
 def simplify(func: Function) -> Function:
     linear = _Linear()
+    uses = use_counts(func)  # of the old nodes: the rewrite passes old node and new kids
 
     def visit(node: Expr, kids: tuple[Expr, ...]) -> Expr | None:
         if isinstance(node, TupleGetItem):
@@ -89,6 +107,11 @@ def simplify(func: Function) -> Function:
             return kids[0]
         if op == "reshape":
             x = kids[0]
+            old = node.args[0]  # its use count is only meaningful for the same op
+            same = isinstance(old, Call) and isinstance(x, Call) and old.op == x.op
+            dropped = _drop_kept_dims(node, x, uses[id(old)] if same else 0)
+            if dropped is not None:
+                return dropped
             if is_op(x, "reshape"):  # reshape of reshape: only the last shape matters
                 x = x.args[0]
             if x.shape == node.shape:

@@ -62,21 +62,26 @@ def _shape(t: te.Tensor) -> tuple[int, ...]:
     return tuple(int(d) for d in t.shape)
 
 
-def _bcast_index(t: te.Tensor, idx: Sequence[tvm.tirx.PrimExpr]) -> list:
-    """Index into `t` for output index `idx` under numpy broadcasting (right-aligned,
-    size-1 dims read element 0)."""
+def _bcast_index(t: te.Tensor, idx: Sequence[tvm.tirx.PrimExpr],
+                 out_shape: Sequence[int] | None = None) -> list:
+    """Index into `t` for output index `idx` under numpy broadcasting (right-aligned;
+    a size-1 dim reads element 0 only where the output dim is larger, so that an
+    elementwise read stays an identity read, which the schedule relies on)."""
     shape = _shape(t)
     lead = len(idx) - len(shape)
-    return [0 if d == 1 else idx[lead + i] for i, d in enumerate(shape)]
+    return [0 if d == 1 and (out_shape is None or out_shape[lead + i] != 1) else idx[lead + i]
+            for i, d in enumerate(shape)]
 
 
-def _read(t: te.Tensor, idx: Sequence) -> tvm.tirx.PrimExpr:
-    return t[tuple(_bcast_index(t, idx))] if t.ndim else t()
+def _read(t: te.Tensor, idx: Sequence, out_shape: Sequence[int] | None = None
+          ) -> tvm.tirx.PrimExpr:
+    return t[tuple(_bcast_index(t, idx, out_shape))] if t.ndim else t()
 
 
 def _elemwise(args: list[te.Tensor], out_type: Type, fn: Callable, name: str) -> te.Tensor:
     out = _out(out_type)
-    return te.compute(out.shape, lambda *i: fn(*[_read(a, i) for a in args]), name=name)
+    return te.compute(out.shape, lambda *i: fn(*[_read(a, i, out.shape) for a in args]),
+                      name=name)
 
 
 def scalar_constant(value: float | int | bool, dtype: str, shape: Sequence[int]) -> te.Tensor:
@@ -530,7 +535,8 @@ def _transpose(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor
 @register_compute("broadcast_to")
 def _broadcast_to(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
     (x,) = args
-    return te.compute(_out(out_type).shape, lambda *i: _read(x, i), name="broadcast_to")
+    shape = _out(out_type).shape
+    return te.compute(shape, lambda *i: _read(x, i, shape), name="broadcast_to")
 
 
 @register_compute("strided_slice")

@@ -105,8 +105,7 @@ def resolve_target(spec: str | tvm.target.Target = "llvm") -> tvm.target.Target:
 
 
 def _attr(target: tvm.target.Target, key: str) -> Any:
-    value = target.attrs.get(key) if hasattr(target, "attrs") else None
-    return None if value is None else value
+    return target.attrs.get(key)
 
 
 def target_mcpu(target: tvm.target.Target) -> str:

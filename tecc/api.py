@@ -16,8 +16,11 @@ from frontend.importer import ImportedModel, from_torch, load_pt2
 from frontend.ir import Function
 from frontend.printer import astext
 from graph_opt.fuse_ops import primitive_per_op
+from graph_opt.pass_manager import PassTrace, get_pass, run_passes
+from graph_opt.pipeline import optimize
 from schedules.target import resolve_target, target_to_json
 from tecc.build import BuildResult, build
+from tecc.summary import CompileSummary, summarize
 
 __version__ = "0.1.0"
 
@@ -63,6 +66,11 @@ class CompiledModel:
             {"tecc": __version__, "target": target_to_json(self.target), "records_digest": None},
         )
 
+    def summary(self) -> CompileSummary:
+        """Kernels (one per fused group: ops, shapes, name, anchor op) and memory
+        (planned peak against one buffer per tensor); printing it gives a table."""
+        return summarize(self)
+
     def astext(self) -> str:
         """The optimized IR, Relay-style."""
         return astext(self.ir)
@@ -94,21 +102,33 @@ def compile(  # noqa: A001 - the natural name, as torch.compile
     model: torch.nn.Module | str | os.PathLike,
     example_inputs: Sequence[Any] | None = None,
     target: str = "llvm",
+    opt_level: int = 3,
+    print_after: Sequence[str] | None = None,
 ) -> CompiledModel:
-    """Compile `model` for `target` ("llvm" = this CPU, "llvm:<cpu>", "cuda[:sm_XX]")."""
+    """Compile `model` for `target` ("llvm" = this CPU, "llvm:<cpu>", "cuda[:sm_XX]").
+
+    opt_level 0 runs no graph optimization (one kernel per op); 3 runs them all.
+    `print_after` names passes after which the IR is printed (as TECC_PRINT_AFTER)."""
     timings: dict[str, float] = {}
     start = time.perf_counter()
     imported = import_model(model, example_inputs)
     timings["import_s"] = time.perf_counter() - start
     tvm_target = resolve_target(target)
     start = time.perf_counter()
-    partitioned = primitive_per_op(imported.func)
+    trace = PassTrace()
+    optimized = optimize(imported.func, opt_level, print_after, trace)
+    if opt_level >= 1:
+        partitioned = run_passes(optimized, [get_pass("fuse_ops")], opt_level, print_after, trace)
+    else:
+        partitioned = primitive_per_op(optimized)
     timings["graph_s"] = time.perf_counter() - start
     result = build(partitioned, tvm_target, [s.name for s in imported.inputs],
                    [s.name for s in imported.outputs], imported.output_structure,
                    imported.param_names)
     timings["build_s"] = result.build_seconds
-    return CompiledModel(imported, partitioned, result, tvm_target, timings)
+    compiled = CompiledModel(imported, partitioned, result, tvm_target, timings)
+    compiled.passes = [name for name, _ in trace.ran]
+    return compiled
 
 
 def load(path: str | os.PathLike) -> runtime.Package:

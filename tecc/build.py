@@ -1,9 +1,10 @@
-"""Build a partitioned IR Function into one TVM library and an execution plan.
+"""Build a fused IR Function into one TVM library and an execution plan.
 
 The input is a Function whose body is calls of primitive Functions (one per kernel),
 tuples and tuple items. Each distinct primitive Function is lowered once (identical
 layers share a kernel), all kernels go into one IRModule and one library, and the
-plan lists the kernel calls in order over numbered tensors (runtime/plan.md).
+plan lists the kernel calls in order over numbered tensors (runtime/plan.md), the
+intermediates placed in storage slots by the memory planner.
 """
 
 from __future__ import annotations
@@ -25,14 +26,19 @@ from frontend.ir import (
     post_order,
     structural_digest,
 )
+from frontend.ops import Pattern, get_op
 from graph_opt.fuse_ops import is_primitive_call
+from graph_opt.memory_plan import MemoryPlan, Step, plan_memory
 from schedules.lower import lower_primitive
 
 
 @dataclass
 class KernelInfo:
+    """One compiled kernel (shared by every call of an identical fused group)."""
+
     name: str
     ops: list[str]
+    anchor: str
     input_shapes: list[tuple[int, ...]]
     output_shapes: list[tuple[int, ...]]
     calls: int = 0
@@ -44,32 +50,49 @@ class BuildResult:
     plan: dict
     params: dict[str, np.ndarray]
     kernels: dict[str, KernelInfo] = field(default_factory=dict)
+    memory: MemoryPlan | None = None
     build_seconds: float = 0.0
 
 
-def _ops_of(func: Function) -> list[str]:
+def ops_of(func: Function) -> list[str]:
     return [n.op for n in post_order(func.body) if isinstance(n, Call) and isinstance(n.op, str)]
 
 
-def _kernel_name(index: int, ops: list[str]) -> str:
-    main = [o for o in ops if o.startswith("nn.")] or ops
-    tail = [o for o in ops if o not in main]
-    words = [main[0]] + tail[:3]
-    return f"k{index}_" + "_".join(w.replace(".", "_") for w in words)
+def anchor_of(func: Function) -> str:
+    if "anchor" in func.attrs:
+        return func.attrs["anchor"]
+    calls = [n for n in post_order(func.body) if isinstance(n, Call) and isinstance(n.op, str)]
+    return max(calls, key=lambda c: get_op(c.op).pattern).op if calls else "copy"
 
 
-class _PlanBuilder:
-    def __init__(self) -> None:
-        self.tensors: list[dict] = []
-        self.storages: list[dict] = []
+def _kernel_name(index: int, ops: list[str], anchor: str) -> str:
+    rest = [o for o in dict.fromkeys(ops) if o != anchor][:3]
+    return f"k{index}_" + "_".join(w.replace("nn.", "") for w in [anchor, *rest])
 
-    def new_tensor(self, shape: tuple[int, ...], dtype: str, kind: str) -> int:
-        tid = len(self.tensors)
-        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-        self.storages.append({"id": tid, "nbytes": max(nbytes, 1)})
-        self.tensors.append({"id": tid, "storage": tid, "offset": 0, "shape": list(shape),
-                             "dtype": dtype, "kind": kind})
-        return tid
+
+def _is_reshape_only(prim: Function) -> bool:
+    body = prim.body
+    return (isinstance(body, Call) and body.op == "reshape" and len(prim.params) == 1
+            and body.args[0] is prim.params[0])
+
+
+def _inplace_params(prim: Function) -> list[int]:
+    """Params the kernel may overwrite with its output: every op is elementwise or
+    broadcast and reads that param only at the output's own index."""
+    if isinstance(prim.ret_type, TupleType):
+        return []
+    calls = [n for n in post_order(prim.body) if isinstance(n, Call)]
+    if not calls or any(not isinstance(c.op, str) or get_op(c.op).pattern > Pattern.BROADCAST
+                        for c in calls):
+        return []
+    result = []
+    for k, p in enumerate(prim.params):
+        if p.ty != prim.ret_type:
+            continue
+        readers = [c for c in calls if any(a is p for a in c.args)]
+        if readers and all(c.ty == p.ty for c in readers):
+            result.append(k)
+    return result
 
 
 def build(
@@ -79,60 +102,68 @@ def build(
     output_names: list[str],
     output_structure: dict,
     param_names: dict[int, str] | None = None,
+    plan_memory_reuse: bool = True,
 ) -> BuildResult:
     start = time.perf_counter()
     param_names = param_names or {}
-    plan = _PlanBuilder()
+    tensors: list[dict] = []
     tensor_of: dict[int, int | list[int]] = {}
-    inputs, params_json, kernels_json = [], [], []
+    inputs, params_json = [], []
     params: dict[str, np.ndarray] = {}
+    steps: list[Step] = []
+    kernel_calls: list[tuple[str, list[int]] | None] = []
+
+    def new_tensor(shape: tuple[int, ...], dtype: str, kind: str) -> int:
+        tensors.append({"id": len(tensors), "shape": list(shape), "dtype": dtype, "kind": kind})
+        return len(tensors) - 1
 
     for var, name in zip(func.params, input_names, strict=True):
-        tid = plan.new_tensor(var.shape, var.dtype, "input")
-        tensor_of[id(var)] = tid
-        inputs.append({"name": name, "tensor": tid})
+        tensor_of[id(var)] = new_tensor(var.shape, var.dtype, "input")
+        inputs.append({"name": name, "tensor": tensor_of[id(var)]})
 
     prim_funcs: dict[str, tvm.tirx.PrimFunc] = {}
     kernel_by_digest: dict[str, str] = {}
     kernels: dict[str, KernelInfo] = {}
-
-    def constant_tensor(node: Constant) -> int:
-        name = param_names.get(id(node), f"const{len(params)}")
-        while name in params:
-            name += "_"
-        tid = plan.new_tensor(node.shape, node.dtype, "param")
-        params[name] = np.asarray(node.data)
-        params_json.append({"name": name, "tensor": tid})
-        return tid
 
     for node in post_order(func.body):
         if isinstance(node, Var):
             if id(node) not in tensor_of:
                 raise ValueError(f"free variable %{node.name} is not an input of the model")
         elif isinstance(node, Constant):
-            tensor_of[id(node)] = constant_tensor(node)
+            name = param_names.get(id(node), f"const{len(params)}")
+            while name in params:
+                name += "_"
+            tensor_of[id(node)] = new_tensor(node.shape, node.dtype, "param")
+            params[name] = np.asarray(node.data)
+            params_json.append({"name": name, "tensor": tensor_of[id(node)]})
         elif isinstance(node, Tuple):
             tensor_of[id(node)] = [tensor_of[id(f)] for f in node.fields]
         elif isinstance(node, TupleGetItem):
             tensor_of[id(node)] = tensor_of[id(node.tuple_value)][node.index]
         elif is_primitive_call(node):
             prim = node.op
+            out_types = node.ty.fields if isinstance(node.ty, TupleType) else (node.ty,)
+            outs = [new_tensor(t.shape, t.dtype, "intermediate") for t in out_types]
+            args = [tensor_of[id(a)] for a in node.args]
+            tensor_of[id(node)] = outs if isinstance(node.ty, TupleType) else outs[0]
+            if _is_reshape_only(prim) and tensors[args[0]]["kind"] == "intermediate":
+                # A view of its input's bytes: no kernel at all.
+                steps.append(Step(args, outs, alias={outs[0]: args[0]}))
+                kernel_calls.append(None)
+                continue
             digest = structural_digest(prim)
             if digest not in kernel_by_digest:
-                name = _kernel_name(len(kernel_by_digest), _ops_of(prim))
+                name = _kernel_name(len(kernel_by_digest), ops_of(prim), anchor_of(prim))
                 kernel_by_digest[digest] = name
                 prim_funcs[name] = lower_primitive(prim, name, target)
-                out_types = prim.ret_type.fields if isinstance(prim.ret_type, TupleType) \
-                    else (prim.ret_type,)
-                kernels[name] = KernelInfo(name, _ops_of(prim), [p.shape for p in prim.params],
+                kernels[name] = KernelInfo(name, ops_of(prim), anchor_of(prim),
+                                           [p.shape for p in prim.params],
                                            [t.shape for t in out_types])
             name = kernel_by_digest[digest]
             kernels[name].calls += 1
-            out_types = node.ty.fields if isinstance(node.ty, TupleType) else (node.ty,)
-            outs = [plan.new_tensor(t.shape, t.dtype, "intermediate") for t in out_types]
-            args = [tensor_of[id(a)] for a in node.args]
-            kernels_json.append({"name": name, "args": args + outs})
-            tensor_of[id(node)] = outs if isinstance(node.ty, TupleType) else outs[0]
+            inplace = {outs[0]: args[k] for k in _inplace_params(prim)[:1]}
+            steps.append(Step(args, outs, inplace=inplace))
+            kernel_calls.append((name, args + outs))
         else:
             raise ValueError(f"cannot build {node!r}: partition the function into kernels first")
 
@@ -140,19 +171,35 @@ def build(
     out_ids = tensor_of[id(body)] if isinstance(body, Tuple) else [tensor_of[id(body)]]
     outputs = [{"name": n, "tensor": t} for n, t in zip(output_names, out_ids, strict=True)]
     for t in out_ids:
-        if plan.tensors[t]["kind"] == "intermediate":
-            plan.tensors[t]["kind"] = "output"
+        if tensors[t]["kind"] == "intermediate":
+            tensors[t]["kind"] = "output"
+
+    planned = {t["id"]: _nbytes(t) for t in tensors if t["kind"] in ("intermediate", "output")}
+    memory = plan_memory(steps, planned, set(out_ids), reuse=plan_memory_reuse)
+    storages = [{"id": s, "nbytes": n} for s, n in enumerate(memory.storage_bytes)]
+    for t in tensors:
+        if t["id"] in memory.storage_of:
+            t["storage"] = memory.storage_of[t["id"]]
+        else:  # inputs and params keep their own buffers
+            t["storage"] = len(storages)
+            storages.append({"id": len(storages), "nbytes": max(_nbytes(t), 1)})
+        t["offset"] = 0
 
     with target:
         executable = tvm.compile(tvm.IRModule(prim_funcs), target=target)
     plan_json = {
         "version": 1,
-        "storages": plan.storages,
-        "tensors": plan.tensors,
+        "storages": storages,
+        "tensors": tensors,
         "inputs": inputs,
         "params": params_json,
         "outputs": outputs,
-        "kernels": kernels_json,
+        "kernels": [{"name": c[0], "args": c[1]} for c in kernel_calls if c is not None],
         "output_structure": output_structure,
     }
-    return BuildResult(executable, plan_json, params, kernels, time.perf_counter() - start)
+    return BuildResult(executable, plan_json, params, kernels, memory,
+                       time.perf_counter() - start)
+
+
+def _nbytes(tensor: dict) -> int:
+    return int(np.prod(tensor["shape"], dtype=np.int64)) * np.dtype(tensor["dtype"]).itemsize

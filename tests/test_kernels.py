@@ -499,6 +499,23 @@ def test_fused_pool_relu_and_tuple_output():
           lambda x: (torch.relu(F.max_pool2d(x, 3, 2, 1)), torch.sigmoid(F.max_pool2d(x, 3, 2, 1))))
 
 
+def test_fused_anchor_with_reshaping_epilogue():
+    # An epilogue that is not elementwise in the anchor's result must not be tiled
+    # under the anchor (its region would be over-approximated): still correct.
+    def body(x, w):
+        y = Call("nn.conv2d", [x, w], {"padding": (1, 1, 1, 1)})
+        return Call("transpose", [Call("relu", [y])], {"axes": (0, 2, 3, 1)})
+
+    check(body, [rand((2, 8, 9, 9)), rand((16, 8, 3, 3), seed=1)],
+          lambda x, w: torch.relu(F.conv2d(x, w, padding=1)).permute(0, 2, 3, 1), atol=1e-4)
+
+    def body2(x, w):
+        return Call("reshape", [Call("nn.dense", [x, w])], {"newshape": (10, 4, 8)})
+
+    check(body2, [rand((2, 5, 64)), rand((32, 64), seed=1)],
+          lambda x, w: F.linear(x, w).reshape(10, 4, 8), atol=1e-4)
+
+
 def test_identity_and_duplicate_outputs():
     check(lambda x: Tuple([x, x]), [rand((3, 4))], lambda t: (t, t))
 

@@ -1,0 +1,559 @@
+"""Graph passes (graph_opt/): the structure each rewrite leaves, and the same numbers
+before and after, both graphs built and run by tecc's own kernels."""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import pytest
+import torch
+
+from frontend.importer import from_torch
+from frontend.ir import (
+    Call,
+    Constant,
+    Expr,
+    Function,
+    TensorType,
+    Tuple,
+    TupleGetItem,
+    Var,
+    post_order,
+    structural_equal,
+)
+from frontend.ops import Pattern, get_op
+from graph_opt.evaluate import EVALUATORS, evaluate_call
+from graph_opt.fuse_ops import primitive_per_op
+from graph_opt.pass_manager import PassTrace, check_types
+from graph_opt.passes import (
+    eliminate_common_subexpr,
+    eliminate_dead_code,
+    fold_batch_norm,
+    fold_constants,
+    simplify,
+)
+from graph_opt.pipeline import optimization_pipeline, optimize
+from runtime import Executor
+from schedules.target import resolve_target
+from tecc.build import build
+from tests import models
+from tests.util import flatten, max_rel_error
+
+F32 = "float32"
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def var(name: str, shape: tuple[int, ...], dtype: str = F32) -> Var:
+    return Var(name, TensorType(shape, dtype))
+
+
+def const(value, dtype: str = F32) -> Constant:
+    return Constant(np.asarray(value, dtype=dtype))
+
+
+def call(op: str, *args: Expr, **attrs) -> Call:
+    return Call(op, args, attrs)
+
+
+def rand(shape: tuple[int, ...], seed: int, dtype: str = F32) -> np.ndarray:
+    """Random values away from zero (a zero hides a wrong scale or a dropped term)."""
+    rng = np.random.default_rng(seed)
+    mag = rng.uniform(0.5, 1.5, size=shape)
+    sign = np.where(rng.random(size=shape) < 0.5, -1.0, 1.0)
+    return (mag * sign).astype(dtype)
+
+
+def op_counts(func: Function) -> collections.Counter:
+    return collections.Counter(n.op for n in post_order(func.body)
+                               if isinstance(n, Call) and isinstance(n.op, str))
+
+
+def n_calls(func: Function) -> int:
+    return sum(op_counts(func).values())
+
+
+def run_ir(func: Function, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    """Build `func` one kernel per op with tecc's real pipeline and run it."""
+    n = len(func.body.fields) if isinstance(func.body, Tuple) else 1
+    if isinstance(func.body, Tuple):
+        structure = {"kind": "tuple", "items": [{"kind": "tensor", "index": i} for i in range(n)]}
+    else:
+        structure = {"kind": "tensor", "index": 0}
+    res = build(primitive_per_op(func), resolve_target("llvm"), [p.name for p in func.params],
+                [f"out{i}" for i in range(n)], structure, {})
+    return Executor(res.executable, res.plan, res.params).run_flat(*inputs)
+
+
+def random_inputs(func: Function, seed: int = 0) -> list[np.ndarray]:
+    return [rand(p.shape, seed + i, p.dtype) for i, p in enumerate(func.params)]
+
+
+def assert_same_outputs(before: Function, after: Function, rtol: float = 1e-5,
+                        atol: float = 1e-5, seed: int = 0) -> None:
+    check_types(after)
+    assert after.ty == before.ty
+    inputs = random_inputs(before, seed)
+    want, got = run_ir(before, inputs), run_ir(after, inputs)
+    assert len(want) == len(got)
+    for w, g in zip(want, got, strict=True):
+        assert w.dtype == g.dtype and w.shape == g.shape
+        np.testing.assert_allclose(g, w, rtol=rtol, atol=atol)
+
+
+# ---------------------------------------------------------------- simplify
+
+
+def test_simplify_drops_noops():
+    x = var("x", (2, 3, 4))
+    y = call("copy", x)
+    y = call("cast", y, dtype=F32)
+    y = call("reshape", y, newshape=(2, 3, 4))
+    y = call("transpose", y, axes=(0, 1, 2))
+    y = call("broadcast_to", y, shape=(2, 3, 4))
+    y = call("strided_slice", y, begin=(0,), end=(3,), strides=(1,), axes=(1,))
+    y = call("multiply", y, const(1.0))
+    y = call("add", const([0.0]), y)
+    y = call("subtract", y, const(0.0))
+    y = call("divide", y, const(1.0))
+    y = call("relu", y)
+    f = Function([x], y)
+    out = simplify(f)
+    assert op_counts(out) == {"relu": 1}
+    assert out.body.args[0] is x
+    assert_same_outputs(f, out)
+
+
+def test_simplify_keeps_what_changes_values():
+    x = var("x", (4,))
+    kept = [
+        call("cast", x, dtype="float64"),
+        call("reshape", x, newshape=(2, 2)),
+        call("transpose", call("reshape", x, newshape=(2, 2)), axes=(1, 0)),
+        call("strided_slice", x, begin=(1,), end=(4,), strides=(1,), axes=(0,)),
+        call("strided_slice", x, begin=(0,), end=(4,), strides=(2,), axes=(0,)),
+        call("multiply", x, const([[1.0]])),  # broadcasts (4,) to (1, 4)
+        call("multiply", x, const(2.0)),
+        call("add", x, const(1.0)),
+        call("broadcast_to", x, shape=(3, 4)),
+    ]
+    for expr in kept:
+        f = Function([x], expr)
+        assert op_counts(simplify(f)) == op_counts(f), expr.op
+
+
+def test_simplify_merges_reshape_chains():
+    x = var("x", (2, 3, 4))
+    y = call("reshape", call("reshape", call("reshape", x, newshape=(6, 4)), newshape=(24,)),
+             newshape=(4, 6))
+    f = Function([x], call("relu", y))
+    out = simplify(f)
+    assert op_counts(out) == {"reshape": 1, "relu": 1}
+    assert out.body.args[0].args[0] is x
+    assert_same_outputs(f, out)
+    # reshape there and back: nothing left
+    back = Function([x], call("reshape", call("reshape", x, newshape=(6, 4)), newshape=(2, 3, 4)))
+    assert simplify(back).body is x
+
+
+def test_simplify_merges_transpose_pairs():
+    x = var("x", (2, 3, 4, 5))
+    t = call("transpose", x, axes=(2, 0, 1, 3))
+    t = call("transpose", t, axes=(1, 2, 0, 3))
+    t = call("transpose", t, axes=(0, 2, 1, 3))
+    f = Function([x], call("negative", t))
+    out = simplify(f)
+    assert op_counts(out) == {"transpose": 1, "negative": 1}
+    assert out.body.args[0].args[0] is x
+    assert_same_outputs(f, out)
+    inverse = Function([x], call("transpose", call("transpose", x, axes=(0, 2, 3, 1)),
+                                 axes=(0, 3, 1, 2)))
+    assert simplify(inverse).body is x
+    negative_axes = Function([x], call("transpose", call("transpose", x, axes=(-1, 0, 1, 2)),
+                                       axes=(1, 2, 3, 0)))
+    assert simplify(negative_axes).body is x
+
+
+def test_simplify_tuple_get_item_of_tuple():
+    x, y = var("x", (3,)), var("y", (4,))
+    t = Tuple([call("relu", x), call("exp", y)])
+    f = Function([x, y], call("negative", TupleGetItem(t, 1)))
+    out = simplify(f)
+    assert op_counts(out) == {"exp": 1, "negative": 1}
+    assert not any(isinstance(n, Tuple | TupleGetItem) for n in post_order(out.body))
+
+
+@pytest.mark.parametrize("bias_shape,bias_left", [((6,), False), ((1, 6), False), ((6,), True)])
+def test_simplify_linear_becomes_bias_add_dense(bias_shape, bias_left):
+    x = var("x", (3, 5))
+    w = rand((5, 6), 1)
+    b = const(rand(bias_shape, 2))
+    mm = call("nn.matmul", x, const(w))
+    f = Function([x], call("add", b, mm) if bias_left else call("add", mm, b))
+    out = simplify(f)
+    assert op_counts(out) == {"nn.bias_add": 1, "nn.dense": 1}
+    bias_add = out.body
+    assert bias_add.op == "nn.bias_add" and bias_add.args[1].shape == (6,)
+    dense = bias_add.args[0]
+    assert dense.op == "nn.dense" and dense.args[0] is x
+    np.testing.assert_array_equal(dense.args[1].data, w.T)
+    assert_same_outputs(f, out)
+
+
+def test_simplify_matmul_const_alone_and_batched():
+    x = var("x", (2, 3, 5))
+    w = const(rand((5, 4), 3))
+    wt = const(rand((4, 5), 4))
+    f = Function([x], Tuple([call("nn.matmul", x, w),
+                             call("nn.matmul", x, wt, transpose_b=True)]))
+    out = simplify(f)
+    assert op_counts(out) == {"nn.dense": 2}
+    assert out.body.fields[1].args[1] is wt  # already (N, K): used as is
+    assert_same_outputs(f, out)
+
+
+def test_simplify_shares_the_transposed_weight():
+    x = var("x", (3, 5))
+    w = const(rand((5, 4), 5))
+    mm = call("nn.matmul", x, w)
+    f = Function([x], Tuple([call("add", mm, const(rand((4,), 6))), call("relu", mm)]))
+    out = simplify(f)
+    assert op_counts(out) == {"nn.dense": 1, "nn.bias_add": 1, "relu": 1}
+    assert_same_outputs(f, out)
+
+
+def test_simplify_leaves_other_matmuls():
+    a, b = var("a", (2, 3, 4)), var("b", (2, 4, 5))
+    batched_const = const(rand((2, 4, 5), 7))
+    for f in [Function([a, b], call("nn.matmul", a, b)),
+              Function([a], call("nn.matmul", a, batched_const)),
+              Function([a], call("add", call("nn.matmul", a, batched_const), const(rand((5,), 8))))]:
+        assert "nn.dense" not in op_counts(simplify(f))
+    # a bias that broadcasts the result is not a per-feature bias
+    x = var("x", (1, 5))
+    f = Function([x], call("add", call("nn.matmul", x, const(rand((5, 4), 9))),
+                           const(rand((3, 1), 10))))
+    assert "nn.bias_add" not in op_counts(simplify(f))
+
+
+# ---------------------------------------------------------------- fold_constants
+
+
+def test_fold_constants_folds_all_constant_chains():
+    x = var("x", (4, 3))
+    w = const(rand((3, 4), 11))
+    wt = call("transpose", w, axes=(1, 0))  # (4, 3)
+    scaled = call("multiply", call("sqrt", call("abs", wt)), const(2.0))
+    f = Function([x], call("add", x, scaled))
+    out = fold_constants(f)
+    assert op_counts(out) == {"add": 1}
+    folded = out.body.args[1]
+    assert isinstance(folded, Constant) and folded.dtype == F32 and folded.shape == (4, 3)
+    np.testing.assert_allclose(folded.data, np.sqrt(np.abs(w.data.T)) * 2, rtol=1e-6)
+    assert_same_outputs(f, out)
+
+
+def test_fold_constants_split_and_tuple_items():
+    x = var("x", (2, 3))
+    parts = call("split", const(rand((2, 7), 12)), sizes=(3, 4), axis=1)
+    f = Function([x], call("add", x, TupleGetItem(parts, 0)))
+    out = fold_constants(f)
+    assert op_counts(out) == {"add": 1} and isinstance(out.body.args[1], Constant)
+    assert_same_outputs(f, out)
+
+
+def test_fold_constants_does_not_blow_up_broadcasts():
+    x = var("x", (1000, 1000))
+    big = call("broadcast_to", const([1.5]), shape=(1000, 1000))
+    f = Function([x], call("add", x, big))
+    assert op_counts(fold_constants(f)) == {"add": 1, "broadcast_to": 1}
+    y = var("y", (8, 8))  # a small broadcast folds
+    f2 = Function([y], call("add", y, call("broadcast_to", const([1.5]), shape=(8, 8))))
+    assert op_counts(fold_constants(f2)) == {"add": 1}
+
+
+def test_fold_constants_leaves_unfoldable_ops():
+    x = var("x", (1, 2, 4, 4))
+    c = const(rand((1, 2, 4, 4), 13))
+    int_div0 = call("divide", const([4, 5], "int32"), const([2, 0], "int32"))
+    f = Function([x], Tuple([call("add", x, call("nn.softmax", c)), int_div0]))
+    out = fold_constants(f)
+    assert op_counts(out) == {"add": 1, "nn.softmax": 1, "divide": 1}
+
+
+def _evaluator_cases() -> list[tuple[str, list[np.ndarray], dict]]:
+    a, b = rand((2, 3, 4), 20), rand((3, 1), 21)
+    pos = np.abs(a) + 0.1
+    ints, ints2 = np.array([7, -7, 9, -9], "int64"), np.array([2, 2, -4, -4], "int64")
+    mask = a > 0
+    cases: list[tuple[str, list[np.ndarray], dict]] = []
+    for op in ["negative", "abs", "exp", "sigmoid", "tanh", "erf", "relu", "reciprocal",
+               "silu", "hardswish", "hardsigmoid", "copy"]:
+        cases.append((op, [a], {}))
+    for op in ["log", "sqrt", "rsqrt"]:
+        cases.append((op, [pos], {}))
+    cases += [("gelu", [a], {}), ("gelu", [a], {"approximate": "tanh"}),
+              ("clip", [a], {"a_min": -0.7, "a_max": 0.8}),
+              ("leaky_relu", [a], {"alpha": 0.2}),
+              ("cast", [a * 3], {"dtype": "int32"}), ("cast", [a], {"dtype": "bool"}),
+              ("cast", [ints], {"dtype": F32}), ("logical_not", [mask], {})]
+    for op in ["add", "subtract", "multiply", "divide", "maximum", "minimum", "floor_divide",
+               "equal", "not_equal", "less", "less_equal", "greater", "greater_equal"]:
+        cases.append((op, [a, b], {}))
+    cases += [("power", [pos, b], {}), ("divide", [ints, ints2], {}),
+              ("floor_divide", [ints, ints2], {}), ("power", [ints2, np.array([2], "int64")], {}),
+              ("logical_and", [mask, b > 0], {}), ("logical_or", [mask, b > 0], {}),
+              ("where", [mask, a, b], {})]
+    for op in ["sum", "mean", "max", "min", "prod"]:
+        cases += [(op, [a], {"axis": (1, -1), "keepdims": True}), (op, [a], {})]
+    cases += [("sum", [ints], {"axis": (0,)}),
+              ("variance", [a], {"axis": (2,), "correction": 1}),
+              ("nn.bias_add", [a, rand((3,), 22)], {"axis": 1}),
+              ("nn.dense", [a, rand((5, 4), 23)], {}),
+              ("nn.matmul", [a, rand((2, 5, 4), 24)], {"transpose_b": True}),
+              ("take", [a, np.array([[0, 2], [-1, 1]], "int64")], {"axis": 1}),
+              ("reshape", [a], {"newshape": (6, 4)}),
+              ("transpose", [a], {"axes": (2, 0, -2)}),
+              ("broadcast_to", [b], {"shape": (2, 3, 4)}),
+              ("strided_slice", [a], {"begin": (1, -3), "end": (3, 4), "strides": (1, 2),
+                                      "axes": (1, 2)}),
+              ("concatenate", [a, a * 2], {"axis": -1})]
+    return cases
+
+
+@pytest.mark.parametrize("case", _evaluator_cases(), ids=lambda c: c[0])
+def test_evaluator_matches_kernel(case):
+    """The numpy evaluator computes what the op's kernel computes."""
+    op, arrays, attrs = case
+    params = [var(f"p{i}", a.shape, str(a.dtype)) for i, a in enumerate(arrays)]
+    node = Call(op, params, attrs)
+    got = evaluate_call(op, arrays, node.attrs, node.ty)
+    assert got.dtype == np.dtype(node.dtype) and got.shape == node.shape
+    (want,) = run_ir(Function(params, node), arrays)
+    if got.dtype.kind == "f":
+        np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-6)
+    else:
+        np.testing.assert_array_equal(got, want)
+
+
+def test_every_pure_op_with_a_simple_definition_has_an_evaluator():
+    # What is left unfolded on purpose: anchors with windows and normalizations.
+    unfolded = {"nn.conv2d", "nn.max_pool2d", "nn.avg_pool2d", "nn.adaptive_avg_pool2d",
+                "nn.softmax", "nn.log_softmax", "nn.layer_norm", "nn.batch_norm"}
+    from frontend.ops import registered_ops
+    missing = set(registered_ops()) - set(EVALUATORS) - unfolded
+    assert not missing, missing
+
+
+# ---------------------------------------------------------------- fold_batch_norm
+
+
+def _bn_params(c: int, seed: int) -> list[Constant]:
+    rng = np.random.default_rng(seed)
+    return [const(1 + 0.3 * rng.standard_normal(c)), const(0.2 * rng.standard_normal(c)),
+            const(0.2 * rng.standard_normal(c)), const(1 + 0.5 * rng.random(c))]
+
+
+def _conv(x: Expr, cout: int, seed: int, groups: int = 1) -> Call:
+    cin = x.shape[1] // groups
+    return call("nn.conv2d", x, const(rand((cout, cin, 3, 3), seed) * 0.3), padding=(1, 1, 1, 1),
+                groups=groups)
+
+
+@pytest.mark.parametrize("with_bias,groups", [(False, 1), (True, 1), (False, 2)])
+def test_fold_batch_norm_into_conv(with_bias, groups):
+    x = var("x", (1, 4, 6, 6))
+    y = _conv(x, 6, 30, groups)
+    if with_bias:
+        y = call("nn.bias_add", y, const(rand((6,), 31)), axis=1)
+    f = Function([x], call("relu", call("nn.batch_norm", y, *_bn_params(6, 32), epsilon=1e-3)))
+    out = fold_batch_norm(f)
+    assert op_counts(out) == {"nn.conv2d": 1, "nn.bias_add": 1, "relu": 1}
+    assert all(isinstance(a, Constant) and a.dtype == F32
+               for n in post_order(out.body) if isinstance(n, Call) for a in n.args[1:])
+    assert_same_outputs(f, out, rtol=1e-4, atol=1e-4)
+
+
+def test_batch_norm_after_a_shared_conv_becomes_scale_and_shift():
+    x = var("x", (1, 4, 5, 5))
+    conv = _conv(x, 4, 33)
+    bn = call("nn.batch_norm", conv, *_bn_params(4, 34))
+    f = Function([x], Tuple([bn, call("sigmoid", conv)]))  # the conv has a second user
+    out = fold_batch_norm(f)
+    assert op_counts(out) == {"nn.conv2d": 1, "multiply": 1, "add": 1, "sigmoid": 1}
+    assert_same_outputs(f, out, rtol=1e-4, atol=1e-4)
+    # the conv being a function output counts as a use too
+    g = Function([x], Tuple([call("nn.batch_norm", conv, *_bn_params(4, 35)), conv]))
+    assert "multiply" in op_counts(fold_batch_norm(g))
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 4, 4), (5, 3)])
+def test_batch_norm_alone_becomes_scale_and_shift(shape):
+    x = var("x", shape)
+    f = Function([x], call("nn.batch_norm", call("exp", x), *_bn_params(3, 36)))
+    out = fold_batch_norm(f)
+    assert op_counts(out) == {"exp": 1, "multiply": 1, "add": 1}
+    assert_same_outputs(f, out, rtol=1e-4, atol=1e-4)
+
+
+def test_batch_norm_with_computed_params_is_kept():
+    x, g = var("x", (1, 3, 2, 2)), var("g", (3,))
+    params = _bn_params(3, 37)
+    f = Function([x, g], call("nn.batch_norm", _conv(x, 3, 38), g, *params[1:]))
+    assert op_counts(fold_batch_norm(f))["nn.batch_norm"] == 1
+
+
+# ---------------------------------------------------------------- CSE and DCE
+
+
+def test_cse_merges_identical_subexpressions():
+    x = var("x", (2, 8))
+    c = rand((8,), 40)
+    # built twice, with distinct but equal constants, as the importer does
+    r1 = call("relu", call("add", x, const(c)))
+    r2 = call("relu", call("add", x, const(c.copy())))
+    s1 = call("multiply", x, const(0.5))
+    s2 = call("multiply", x, const(0.5))
+    f = Function([x], Tuple([call("add", r1, r2), call("subtract", s1, s2)]))
+    out = eliminate_common_subexpr(f)
+    assert op_counts(out) == {"relu": 1, "add": 2, "multiply": 1, "subtract": 1}
+    total = out.body.fields[0]
+    assert total.args[0] is total.args[1]
+    assert_same_outputs(f, out)
+
+
+def test_cse_keeps_different_calls_apart():
+    x = var("x", (2, 8))
+    f = Function([x], Tuple([
+        call("sum", x, axis=(0,)), call("sum", x, axis=(1,)),  # attrs differ
+        call("add", x, const(1.0)), call("add", x, const(2.0)),  # constants differ
+        call("add", x, const(1.0, "float32")), call("add", const(1.0), x),  # argument order
+        call("relu", x), call("relu", var("x", (2, 8))),  # another variable of that name
+    ]))
+    out = eliminate_common_subexpr(f)
+    assert op_counts(out) == {"sum": 2, "add": 3, "relu": 2}
+
+
+def test_cse_chains_merge_transitively():
+    x = var("x", (4,))
+
+    def branch():
+        return call("tanh", call("exp", call("negative", x)))
+
+    f = Function([x], call("add", branch(), branch()))
+    out = eliminate_common_subexpr(f)
+    assert op_counts(out) == {"negative": 1, "exp": 1, "tanh": 1, "add": 1}
+
+
+def test_dce_forwards_tuple_items_and_keeps_outputs():
+    x, unused = var("x", (3,)), var("unused", (2,))
+    t = Tuple([call("relu", x), call("exp", x)])
+    f = Function([x, unused], Tuple([TupleGetItem(t, 0), call("negative", x)]))
+    out = eliminate_dead_code(f)
+    assert out.params == f.params  # the interface stays
+    assert out.ty == f.ty and isinstance(out.body, Tuple) and len(out.body.fields) == 2
+    assert op_counts(out) == {"relu": 1, "negative": 1}  # exp was only in the dropped field
+    assert_same_outputs(f, out)
+    # the output tuple itself is never taken apart
+    g = Function([x], t)
+    assert eliminate_dead_code(g).body is t
+
+
+# ---------------------------------------------------------------- pipeline
+
+
+def test_pipeline_order_and_levels(capsys):
+    names = [p.name for p in optimization_pipeline()]
+    assert names == ["simplify", "fold_batch_norm", "fold_constants", "simplify",
+                     "eliminate_common_subexpr", "eliminate_dead_code"]
+    x = var("x", (2, 3))
+    f = Function([x], call("reshape", call("copy", call("add", x, call("negative", const(
+        rand((3,), 50))))), newshape=(2, 3)))
+    level0 = optimize(f, opt_level=0)
+    assert structural_equal(level0, f)
+    trace = PassTrace()
+    out = optimize(f, opt_level=3, print_after=["fold_constants"], trace=trace)
+    assert [n for n, _ in trace.ran] == names
+    assert op_counts(out) == {"add": 1}
+    assert "// IR after fold_constants" in capsys.readouterr().err
+    assert_same_outputs(f, out)
+
+
+# ---------------------------------------------------------------- real models
+
+
+def _opaque_calls(func: Function) -> int:
+    return sum(n for op, n in op_counts(func).items() if get_op(op).pattern == Pattern.OPAQUE)
+
+
+def _check_model(model: torch.nn.Module, inputs: tuple, rtol: float = 1e-4):
+    imported = from_torch(model, inputs)
+    before = imported.func
+    after = optimize(before, opt_level=3)
+    arrays = [t.numpy() for t in inputs]
+    want, got = run_ir(before, arrays), run_ir(after, arrays)
+    assert max_rel_error(got, want) < rtol
+    with torch.no_grad():
+        eager = [t.numpy() for t in flatten(model(*inputs))]
+    assert max_rel_error(got, eager) < rtol
+    return before, after
+
+
+def test_resnet18():
+    torch.manual_seed(0)
+    before, after = _check_model(models.resnet18().eval(), (torch.randn(1, 3, 32, 32),))
+    counts = op_counts(after)
+    assert "nn.batch_norm" not in counts and "nn.matmul" not in counts
+    assert counts["nn.conv2d"] == 20 and counts["nn.bias_add"] == 21
+    # each batch norm became the bias of its conv (one call for one), the pooling
+    # head lost its reshape; no opaque op is left
+    assert n_calls(after) < n_calls(before)
+    assert _opaque_calls(after) == 0 < _opaque_calls(before)
+
+
+def test_mlp():
+    torch.manual_seed(0)
+    before, after = _check_model(models.MLP().eval(), (torch.randn(2, 64),))
+    assert op_counts(after) == {"nn.dense": 3, "nn.bias_add": 3, "relu": 1, "gelu": 1}
+
+
+def test_bert_encoder():
+    pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    ids = torch.randint(0, 1000, (1, 16))
+    mask = torch.ones(1, 16, dtype=torch.int64)
+    mask[:, 12:] = 0
+    before, after = _check_model(models.bert_encoder().eval(), (ids, mask))
+    counts = op_counts(after)
+    assert n_calls(after) < n_calls(before)
+    assert counts["transpose"] < op_counts(before)["transpose"]
+    assert counts["reshape"] < op_counts(before)["reshape"]
+    assert counts["nn.dense"] == 13  # every linear layer, the attention products stay matmul
+
+
+def test_fold_constants_keeps_zero_dim_types():
+    # a full reduction is 0-d; the folded value must keep that type exactly
+    x = var("x", (3,))
+    f = Function([x], Tuple([call("add", x, call("sum", const(rand((2, 3), 60)))),
+                             call("max", const(rand((4,), 61)))]))
+    out = fold_constants(f)
+    assert out.ty == f.ty
+    assert "sum" not in op_counts(out) and "max" not in op_counts(out)
+    assert_same_outputs(f, out)
+
+
+def test_simplify_reduce_keepdims_then_reshape():
+    x = var("x", (2, 8, 3, 3))
+    pooled = call("mean", x, axis=(-1, -2), keepdims=True)
+    f = Function([x], call("reshape", pooled, newshape=(2, 8)))
+    out = simplify(f)
+    assert op_counts(out) == {"mean": 1} and out.body.attrs["keepdims"] is False
+    assert_same_outputs(f, out)
+    # the keepdims result has another user: reducing twice would cost more
+    shared = Function([x], Tuple([call("reshape", pooled, newshape=(2, 8)), pooled]))
+    assert op_counts(simplify(shared)) == {"mean": 1, "reshape": 1}
+    # a reshape that does more than drop the kept dims stays
+    other = Function([x], call("reshape", pooled, newshape=(16,)))
+    assert op_counts(simplify(other)) == {"mean": 1, "reshape": 1}

@@ -225,21 +225,104 @@ def _matmul_rel(types: list[Type], attrs: Attrs) -> Type:
     return TensorType(batch + (m, n), a.dtype)
 
 
+def nchwc_block(layout: str) -> int | None:
+    """The channel block of a layout string: None for "NCHW", c for "NCHW{c}c"."""
+    if layout == "NCHW":
+        return None
+    if layout.startswith("NCHW") and layout.endswith("c") and layout[4:-1].isdigit():
+        block = int(layout[4:-1])
+        if block > 0:
+            return block
+    raise IRTypeError(f"unsupported layout {layout!r}: use NCHW or NCHW<c>c")
+
+
+def _spatial_nchw(x: TensorType, layout: str, what: str) -> tuple[int, int, int, int]:
+    """(n, c, h, w) of a 4-D NCHW tensor or a 5-D NCHW{c}c one (c: all channels)."""
+    block = nchwc_block(layout)
+    if block is None:
+        if x.ndim != 4:
+            raise IRTypeError(f"{what}: expected NCHW data, got {x.shape}")
+        return x.shape  # type: ignore[return-value]
+    if x.ndim != 5 or x.shape[4] != block:
+        raise IRTypeError(f"{what}: expected {layout} data [N, C/{block}, H, W, {block}], "
+                          f"got {x.shape}")
+    n, cc, h, w, cb = x.shape
+    return n, cc * cb, h, w
+
+
+def _with_spatial(x: TensorType, layout: str, oh: int, ow: int) -> TensorType:
+    shape = list(x.shape)
+    shape[2], shape[3] = oh, ow
+    return TensorType(tuple(shape), x.dtype)
+
+
+def _layout_transform_rel(types: list[Type], attrs: Attrs) -> Type:
+    (x,) = _arity(types, 1)
+    n, c, h, w = _spatial_nchw(x, attrs["src_layout"], "layout_transform")
+    block = nchwc_block(attrs["dst_layout"])
+    if block is None:
+        return TensorType((n, c, h, w), x.dtype)
+    if c % block:
+        raise IRTypeError(f"layout_transform: {c} channels are not divisible by {block}")
+    return TensorType((n, c // block, h, w, block), x.dtype)
+
+
+def _conv2d_nchwc_rel(types: list[Type], attrs: Attrs) -> Type:
+    """data [N, C/ic, H, W, ic]; kernel [OC/oc, IPG/ic, KH, KW, ic, oc] (IPG: input
+    channels per group; groups=1 is topi's conv2d_NCHWc layout) or, depthwise
+    (groups == C == OC, ic == oc), [C/c, 1, KH, KW, 1, c] as topi's
+    depthwise_conv2d_NCHWc. Output [N, OC/oc, OH, OW, oc]."""
+    data, kernel = _arity(types, 2)
+    n, c, h, w = _spatial_nchw(data, attrs["data_layout"], "conv2d_NCHWc")
+    ic = data.shape[4]
+    oc = nchwc_block(attrs["out_layout"])
+    if oc is None or kernel.ndim != 6 or kernel.shape[5] != oc:
+        raise IRTypeError(f"conv2d_NCHWc: kernel {kernel.shape} does not match out_layout "
+                          f"{attrs['out_layout']}")
+    occ, ipc, kh, kw, kic, _ = kernel.shape
+    groups = attrs["groups"]
+    out_channels = occ * oc
+    if is_depthwise_nchwc(data.shape, kernel.shape, groups):
+        pass
+    elif kic != ic or c != ipc * ic * groups or out_channels % groups or (
+            groups > 1 and (out_channels // groups) % oc):
+        raise IRTypeError(f"conv2d_NCHWc: data {data.shape} and kernel {kernel.shape} do not "
+                          f"match with groups={groups}")
+    pt, pl, pb, pr = _pads(attrs["padding"])
+    sh, sw = attrs["strides"]
+    dh, dw = attrs["dilation"]
+    oh = conv_out_size(h, kh, sh, pt, pb, dh)
+    ow = conv_out_size(w, kw, sw, pl, pr, dw)
+    if oh <= 0 or ow <= 0:
+        raise IRTypeError(f"conv2d_NCHWc output would be empty for input {data.shape}")
+    return TensorType((n, occ, oh, ow, oc), data.dtype)
+
+
+def is_depthwise_nchwc(data_shape: Sequence[int], kernel_shape: Sequence[int],
+                       groups: int) -> bool:
+    """A conv2d_NCHWc call whose kernel is in the depthwise layout [C/c, 1, KH, KW, 1, c]."""
+    c = data_shape[1] * data_shape[4]
+    return (groups > 1 and groups == c and kernel_shape[1] == 1 and kernel_shape[4] == 1
+            and kernel_shape[5] == data_shape[4] and kernel_shape[0] == data_shape[1])
+
+
 def _pool_rel(types: list[Type], attrs: Attrs) -> Type:
     (x,) = _arity(types, 1)
-    n, c, h, w = x.shape
+    n, c, h, w = _spatial_nchw(x, attrs["layout"], "pool")
     kh, kw = attrs["pool_size"]
     sh, sw = attrs["strides"]
     pt, pl, pb, pr = _pads(attrs["padding"])
     dh, dw = attrs.get("dilation", (1, 1))
     oh = conv_out_size(h, kh, sh, pt, pb, dh, attrs["ceil_mode"])
     ow = conv_out_size(w, kw, sw, pl, pr, dw, attrs["ceil_mode"])
-    return TensorType((n, c, oh, ow), x.dtype)
+    return _with_spatial(x, attrs["layout"], oh, ow)
 
 
 def _adaptive_pool_rel(types: list[Type], attrs: Attrs) -> Type:
     (x,) = _arity(types, 1)
-    return TensorType(x.shape[:2] + tuple(attrs["output_size"]), x.dtype)
+    _spatial_nchw(x, attrs["layout"], "adaptive_avg_pool2d")
+    oh, ow = attrs["output_size"]
+    return _with_spatial(x, attrs["layout"], oh, ow)
 
 
 def _norm_rel(n_inputs: int) -> TypeRel:
@@ -358,6 +441,10 @@ register_op("variance", _reduce_rel, Pattern.COMM_REDUCE, 1,
 
 register_op("nn.conv2d", _conv2d_rel, Pattern.OUT_ELEMWISE_FUSABLE, 2,
             {"strides": (1, 1), "padding": (0, 0, 0, 0), "dilation": (1, 1), "groups": 1})
+register_op("nn.conv2d_NCHWc", _conv2d_nchwc_rel, Pattern.OUT_ELEMWISE_FUSABLE, 2,
+            {"strides": (1, 1), "padding": (0, 0, 0, 0), "dilation": (1, 1), "groups": 1,
+             "data_layout": _REQUIRED, "out_layout": _REQUIRED},
+            doc="conv2d on channel-blocked data with a kernel packed at compile time")
 register_op("nn.bias_add", _bias_add_rel, Pattern.BROADCAST, 2, {"axis": 1})
 register_op("nn.dense", _dense_rel, Pattern.OUT_ELEMWISE_FUSABLE, 2,
             doc="x @ w.T with w of shape (N, K), as torch's linear")
@@ -366,12 +453,12 @@ register_op("nn.matmul", _matmul_rel, Pattern.OUT_ELEMWISE_FUSABLE, 2,
             doc="(batched) matrix product with numpy broadcasting of the batch dimensions")
 register_op("nn.max_pool2d", _pool_rel, Pattern.OUT_ELEMWISE_FUSABLE, 1,
             {"pool_size": _REQUIRED, "strides": (1, 1), "padding": (0, 0, 0, 0),
-             "dilation": (1, 1), "ceil_mode": False})
+             "dilation": (1, 1), "ceil_mode": False, "layout": "NCHW"})
 register_op("nn.avg_pool2d", _pool_rel, Pattern.OUT_ELEMWISE_FUSABLE, 1,
             {"pool_size": _REQUIRED, "strides": (1, 1), "padding": (0, 0, 0, 0),
-             "ceil_mode": False, "count_include_pad": True})
+             "ceil_mode": False, "count_include_pad": True, "layout": "NCHW"})
 register_op("nn.adaptive_avg_pool2d", _adaptive_pool_rel, Pattern.OUT_ELEMWISE_FUSABLE, 1,
-            {"output_size": _REQUIRED})
+            {"output_size": _REQUIRED, "layout": "NCHW"})
 register_op("nn.softmax", _softmax_rel, Pattern.OPAQUE, 1, {"axis": -1})
 register_op("nn.log_softmax", _softmax_rel, Pattern.OPAQUE, 1, {"axis": -1})
 register_op("nn.layer_norm", _norm_rel(3), Pattern.OPAQUE, 3,
@@ -379,6 +466,9 @@ register_op("nn.layer_norm", _norm_rel(3), Pattern.OPAQUE, 3,
 register_op("nn.batch_norm", _norm_rel(5), Pattern.OPAQUE, 5,
             {"epsilon": 1e-5}, doc="inference batch norm over axis 1: x, gamma, beta, mean, var")
 
+register_op("layout_transform", _layout_transform_rel, Pattern.INJECTIVE, 1,
+            {"src_layout": _REQUIRED, "dst_layout": _REQUIRED},
+            doc="NCHW <-> NCHW{c}c (and between blocks): out[n, C/c, h, w, c] = x[n, C, h, w]")
 register_op("take", _take_rel, Pattern.INJECTIVE, 2, {"axis": 0})
 register_op("reshape", _reshape_rel, Pattern.INJECTIVE, 1, {"newshape": _REQUIRED})
 register_op("transpose", _transpose_rel, Pattern.INJECTIVE, 1, {"axes": _REQUIRED})

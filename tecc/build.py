@@ -161,7 +161,8 @@ def build(
                                            [t.shape for t in out_types])
             name = kernel_by_digest[digest]
             kernels[name].calls += 1
-            inplace = {outs[0]: args[k] for k in _inplace_params(prim)[:1]}
+            candidates = _inplace_params(prim)
+            inplace = {outs[0]: args[candidates[0]]} if candidates else {}
             steps.append(Step(args, outs, inplace=inplace))
             kernel_calls.append((name, args + outs))
         else:

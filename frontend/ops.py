@@ -250,7 +250,7 @@ def _spatial_nchw(x: TensorType, layout: str, what: str) -> tuple[int, int, int,
     return n, cc * cb, h, w
 
 
-def _with_spatial(x: TensorType, layout: str, oh: int, ow: int) -> TensorType:
+def _with_spatial(x: TensorType, oh: int, ow: int) -> TensorType:
     shape = list(x.shape)
     shape[2], shape[3] = oh, ow
     return TensorType(tuple(shape), x.dtype)
@@ -315,14 +315,14 @@ def _pool_rel(types: list[Type], attrs: Attrs) -> Type:
     dh, dw = attrs.get("dilation", (1, 1))
     oh = conv_out_size(h, kh, sh, pt, pb, dh, attrs["ceil_mode"])
     ow = conv_out_size(w, kw, sw, pl, pr, dw, attrs["ceil_mode"])
-    return _with_spatial(x, attrs["layout"], oh, ow)
+    return _with_spatial(x, oh, ow)
 
 
 def _adaptive_pool_rel(types: list[Type], attrs: Attrs) -> Type:
     (x,) = _arity(types, 1)
     _spatial_nchw(x, attrs["layout"], "adaptive_avg_pool2d")
     oh, ow = attrs["output_size"]
-    return _with_spatial(x, attrs["layout"], oh, ow)
+    return _with_spatial(x, oh, ow)
 
 
 def _norm_rel(n_inputs: int) -> TypeRel:

@@ -6,6 +6,7 @@ compiler, so a deployment package runs where neither is installed.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -264,6 +265,18 @@ class Executor:
             func(*args)
         # Copies: the buffers are reused by the next call.
         return [v.copy() for v in self._out_views]
+
+    def profile(self, *inputs: np.ndarray, repeat: int = 20) -> list[tuple[str, float]]:
+        """Median seconds of each kernel call, in plan order (after one warm-up run)."""
+        self.run_flat(*inputs)
+        names = [k["name"] for k in self.plan["kernels"]]
+        samples: list[list[float]] = [[] for _ in self._calls]
+        for _ in range(repeat):
+            for i, (func, args) in enumerate(self._calls):
+                start = time.perf_counter()
+                func(*args)
+                samples[i].append(time.perf_counter() - start)
+        return [(n, float(np.median(s))) for n, s in zip(names, samples, strict=True)]
 
     def run(self, *inputs: np.ndarray) -> Any:
         """Run once; returns the outputs rebuilt per the plan's output_structure."""

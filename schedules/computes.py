@@ -17,7 +17,7 @@ from tvm import te, topi
 from tvm.tirx import const
 
 from frontend.ir import Attrs, TensorType, TupleType, Type
-from frontend.ops import normalize_axis, reduce_axes
+from frontend.ops import is_depthwise_nchwc, nchwc_block, normalize_axis, reduce_axes
 
 Compute = Callable[[list[te.Tensor], Attrs, Type], "te.Tensor | list[te.Tensor]"]
 _COMPUTES: dict[str, Compute] = {}
@@ -370,7 +370,7 @@ def _pool_geometry(x: te.Tensor, attrs: Attrs, out: TensorType):
     kh, kw = attrs["pool_size"]
     sh, sw = attrs["strides"]
     dh, dw = attrs.get("dilation", (1, 1))
-    _, _, h, w = _shape(x)
+    h, w = _shape(x)[2:4]
     oh, ow = out.shape[2], out.shape[3]
     # ceil_mode windows may run past the bottom/right padding: pad far enough that every
     # window reads inside the padded buffer.
@@ -381,6 +381,14 @@ def _pool_geometry(x: te.Tensor, attrs: Attrs, out: TensorType):
     return (pt, pl, pb, pr), (eb, er), (kh, kw), (sh, sw), (dh, dw), (h, w)
 
 
+def _spatial_pad(x: te.Tensor, before: Sequence[int], after: Sequence[int], name: str,
+                 pad_value: float = 0.0) -> te.Tensor:
+    """Pad dims 2 and 3 (H, W) of an NCHW or NCHW{c}c tensor."""
+    rest = [0] * (x.ndim - 4)
+    return topi.nn.pad(x, [0, 0, *before, *rest], [0, 0, *after, *rest], pad_value=pad_value,
+                       name=name)
+
+
 @register_compute("nn.max_pool2d")
 def _max_pool2d(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
     (x,) = args
@@ -388,12 +396,13 @@ def _max_pool2d(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tenso
     (pt, pl, _, _), (eb, er), (kh, kw), (sh, sw), (dh, dw), _ = _pool_geometry(x, attrs, out)
     lowest = tvm.tirx.min_value(x.dtype)
     if pt or pl or eb or er:
-        x = topi.nn.pad(x, [0, 0, pt, pl], [0, 0, eb, er], pad_value=lowest, name="pool_pad")
+        x = _spatial_pad(x, [pt, pl], [eb, er], "pool_pad", pad_value=lowest)
     rh = te.reduce_axis((0, kh), name="rh")
     rw = te.reduce_axis((0, kw), name="rw")
     return te.compute(
         out.shape,
-        lambda b, c, y, xx: te.max(x[b, c, y * sh + rh * dh, xx * sw + rw * dw], axis=[rh, rw]),
+        lambda *i: te.max(x[(i[0], i[1], i[2] * sh + rh * dh, i[3] * sw + rw * dw, *i[4:])],
+                          axis=[rh, rw]),
         name="max_pool2d", attrs={ANCHOR_ATTR: "pool"})
 
 
@@ -404,11 +413,12 @@ def _avg_pool2d(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tenso
     (pt, pl, pb, pr), (eb, er), (kh, kw), (sh, sw), _, (h, w) = _pool_geometry(x, attrs, out)
     d = x.dtype
     if pt or pl or eb or er:
-        x = topi.nn.pad(x, [0, 0, pt, pl], [0, 0, eb, er], pad_value=0.0, name="pool_pad")
+        x = _spatial_pad(x, [pt, pl], [eb, er], "pool_pad")
     rh = te.reduce_axis((0, kh), name="rh")
     rw = te.reduce_axis((0, kw), name="rw")
     s = te.compute(out.shape,
-                   lambda b, c, y, xx: te.sum(x[b, c, y * sh + rh, xx * sw + rw], axis=[rh, rw]),
+                   lambda *i: te.sum(x[(i[0], i[1], i[2] * sh + rh, i[3] * sw + rw, *i[4:])],
+                                     axis=[rh, rw]),
                    name="avg_pool_sum", attrs={ANCHOR_ATTR: "pool"})
     include_pad = attrs["count_include_pad"]
     tmin, tmax = tvm.tirx.min, tvm.tirx.max
@@ -422,13 +432,72 @@ def _avg_pool2d(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tenso
             hs, ws, he, we = tmax(hs, 0), tmax(ws, 0), tmin(he, h), tmin(we, w)
         return ((he - hs) * (we - ws)).astype(d)
 
-    return te.compute(out.shape, lambda b, c, y, xx: s[b, c, y, xx] / divisor(y, xx),
-                      name="avg_pool2d")
+    return te.compute(out.shape, lambda *i: s[i] / divisor(i[2], i[3]), name="avg_pool2d")
 
 
 @register_compute("nn.adaptive_avg_pool2d")
 def _adaptive_avg_pool2d(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
-    return topi.nn.adaptive_pool(args[0], tuple(attrs["output_size"]), "avg", "NCHW")
+    return topi.nn.adaptive_pool(args[0], tuple(attrs["output_size"]), "avg", attrs["layout"])
+
+
+# ---------------------------------------------------------------- blocked (NCHW{c}c) layout
+
+
+@register_compute("layout_transform")
+def _layout_transform(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    """NCHW <-> NCHW{c}c and between blocks, by index arithmetic (one gather)."""
+    (x,) = args
+    src, dst = nchwc_block(attrs["src_layout"]), nchwc_block(attrs["dst_layout"])
+
+    def read(n, ch, y, xx):  # ch: the channel in NCHW numbering
+        if src is None:
+            return x[n, ch, y, xx]
+        return x[n, tvm.tirx.floordiv(ch, src), y, xx, tvm.tirx.floormod(ch, src)]
+
+    if dst is None:
+        body = read
+    else:
+        def body(n, cc, y, xx, cb):
+            return read(n, cc * dst + cb, y, xx)
+    return te.compute(_out(out_type).shape, body, name="layout_transform")
+
+
+@register_compute("nn.conv2d_NCHWc")
+def _conv2d_nchwc(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    """data [N, C/ic, H, W, ic] x kernel [OC/oc, IPG/ic, KH, KW, ic, oc] (any groups
+    whose group boundaries fall on block boundaries), or the depthwise kernel
+    [C/c, 1, KH, KW, 1, c]. One reduction block over (ic_chunk, kh, kw, ic)."""
+    data, kernel = args
+    out = _out(out_type)
+    groups = attrs["groups"]
+    occ, ipc, kh, kw, ic, oc = _shape(kernel)
+    pad = attrs["padding"]
+    pt, pl, pb, pr = (pad[0], pad[1], pad[0], pad[1]) if len(pad) == 2 else pad
+    sh, sw = attrs["strides"]
+    dh, dw = attrs["dilation"]
+    depthwise = is_depthwise_nchwc(_shape(data), _shape(kernel), groups)
+    if pt or pl or pb or pr:
+        data = _spatial_pad(data, [pt, pl], [pb, pr], "conv_pad")
+    rkh = te.reduce_axis((0, kh), name="rkh")
+    rkw = te.reduce_axis((0, kw), name="rkw")
+    d = out.dtype
+    if depthwise:
+        def dw_body(b, cc, y, x, cb):
+            return te.sum(data[b, cc, y * sh + rkh * dh, x * sw + rkw * dw, cb].astype(d)
+                          * kernel[cc, 0, rkh, rkw, 0, cb].astype(d), axis=[rkh, rkw])
+
+        return te.compute(out.shape, dw_body, name="depthwise_conv2d_NCHWc",
+                          attrs={ANCHOR_ATTR: "depthwise_conv2d_NCHWc"})
+    ricc = te.reduce_axis((0, ipc), name="ricc")
+    ric = te.reduce_axis((0, ic), name="ric")
+    opg_chunks = occ // groups  # output chunks per group
+
+    def body(b, o, y, x, ob):
+        icc = ricc if groups == 1 else tvm.tirx.floordiv(o, opg_chunks) * ipc + ricc
+        return te.sum(data[b, icc, y * sh + rkh * dh, x * sw + rkw * dw, ric].astype(d)
+                      * kernel[o, ricc, rkh, rkw, ric, ob].astype(d), axis=[ricc, rkh, rkw, ric])
+
+    return te.compute(out.shape, body, name="conv2d_NCHWc", attrs={ANCHOR_ATTR: "conv2d_NCHWc"})
 
 
 def _softmax_parts(x: te.Tensor, axis: int):

@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 ANCHOR_ATTR = "tecc.anchor"
 PARALLEL_MIN_WORK = 16384  # below this, thread-pool start-up costs more than it saves
 DATA_PAR, COMM_REDUCE = 0, 2
+CONV_ACC_VECTORS = 12  # accumulator vectors of a blocked conv's register tile
 
 
 # ---------------------------------------------------------------- block queries
@@ -132,7 +133,7 @@ def _keep_materialized(sch: Schedule, block, name: str) -> bool:
     in the innermost loop of the anchor."""
     if "pad" not in name:
         return False
-    return any(_anchor_kind(sch, c) in ("conv2d", "pool") for c in sch.get_consumers(block))
+    return any(_anchor_kind(sch, c) in _PADDED_ANCHORS for c in sch.get_consumers(block))
 
 
 def _is_scheduled(sch: Schedule, block) -> bool:
@@ -360,9 +361,75 @@ def _conv2d(sch: Schedule, block, lanes: int) -> None:
     _vectorize_tail(sch, init, lanes)
 
 
-def _pool(sch: Schedule, block, lanes: int) -> None:
-    """Window reductions: parallel(n, c, oh) / ow_o / rh, rw / ow_i (vectorized)."""
+def _conv2d_nchwc(sch: Schedule, block, lanes: int) -> None:
+    """Blocked conv (data [N, C/ic, H, W, ic], output [N, OC/oc, OH, OW, oc]):
+    parallel(n, oc_chunk, oh) / ow_o / ic_chunk, kh, kw (unrolled), ic /
+    ow_i (unrolled) / oc (vectorized). The ow_i x oc accumulators stay in registers
+    (about 12 vectors: the ISA has 16, one weight vector and a broadcast need two);
+    the epilogue (bias, activation, residual add) runs under ow_o on the finished tile."""
     loops = sch.get_loops(block)
+    if len(loops) != 9:
+        raise ValueError("conv2d_NCHWc template expects n, occ, oh, ow, oc, icc, kh, kw, ic")
+    n, occ, oh, ow, ocb, icc, kh, kw, ic = loops
+    exts = [_extent(sch, lp) for lp in loops]
+    if any(e is None for e in exts):
+        raise ValueError("symbolic extents")
+    ow_ext, oc_ext = exts[3], exts[4]
+    vecs = max(1, -(-oc_ext // lanes))
+    owb = _largest_divisor(ow_ext, max(1, CONV_ACC_VECTORS // vecs))
+    acc = sch.cache_write(block, 0, "local")
+    owo, owi = sch.split(ow, [None, owb])
+    sch.reorder(n, occ, oh, owo, icc, kh, kw, ic, owi, ocb)
+    target = _epilogue_target(sch, block, acc)
+    sch.reverse_compute_at(target, owo, preserve_unit_loops=True)
+    top = sch.fuse(n, occ, oh)
+    if math.prod(exts) >= PARALLEL_MIN_WORK:
+        sch.parallel(top)
+    sch.unroll(owi)
+    if exts[7] <= 7:
+        sch.unroll(kw)
+    sch.vectorize(ocb)
+    init = sch.decompose_reduction(block, icc)
+    _vectorize_tail(sch, target, lanes)
+    _vectorize_tail(sch, init, lanes)
+
+
+def _depthwise_nchwc(sch: Schedule, block, lanes: int) -> None:
+    """Depthwise blocked conv: parallel(n, c_chunk, oh) / ow_o / kh, kw / ow_i
+    (unrolled) / c (vectorized)."""
+    loops = sch.get_loops(block)
+    if len(loops) != 7:
+        raise ValueError("depthwise_conv2d_NCHWc template expects n, cc, oh, ow, c, kh, kw")
+    n, cc, oh, ow, cb, kh, kw = loops
+    exts = [_extent(sch, lp) for lp in loops]
+    if any(e is None for e in exts):
+        raise ValueError("symbolic extents")
+    vecs = max(1, -(-exts[4] // lanes))
+    owb = _largest_divisor(exts[3], max(1, CONV_ACC_VECTORS // vecs))
+    acc = sch.cache_write(block, 0, "local")
+    owo, owi = sch.split(ow, [None, owb])
+    sch.reorder(n, cc, oh, owo, kh, kw, owi, cb)
+    target = _epilogue_target(sch, block, acc)
+    sch.reverse_compute_at(target, owo, preserve_unit_loops=True)
+    top = sch.fuse(n, cc, oh)
+    if math.prod(exts) >= PARALLEL_MIN_WORK:
+        sch.parallel(top)
+    sch.unroll(owi)
+    if exts[6] <= 7:
+        sch.unroll(kw)
+    sch.vectorize(cb)
+    init = sch.decompose_reduction(block, kh)
+    _vectorize_tail(sch, target, lanes)
+    _vectorize_tail(sch, init, lanes)
+
+
+def _pool(sch: Schedule, block, lanes: int) -> None:
+    """Window reductions: parallel(n, c, oh) / ow_o / rh, rw / ow_i (vectorized);
+    blocked (NCHW{c}c) data: parallel(n, c_chunk, oh) / ow / rh, rw / c (vectorized)."""
+    loops = sch.get_loops(block)
+    if len(loops) == 7:
+        _pool_nchwc(sch, block, lanes)
+        return
     if len(loops) != 6:
         raise ValueError("pool template expects n, c, oh, ow, rh, rw")
     n, c, oh, ow, rh, rw = loops
@@ -385,10 +452,30 @@ def _pool(sch: Schedule, block, lanes: int) -> None:
         _vectorize_tail(sch, init, lanes)
 
 
+def _pool_nchwc(sch: Schedule, block, lanes: int) -> None:
+    n, c, oh, ow, cb, rh, rw = sch.get_loops(block)
+    exts = [_extent(sch, lp) for lp in sch.get_loops(block)]
+    sch.reorder(n, c, oh, ow, rh, rw, cb)
+    top = sch.fuse(n, c, oh)
+    if math.prod(exts) >= PARALLEL_MIN_WORK:
+        sch.parallel(top)
+    consumers = list(sch.get_consumers(block))
+    if len(consumers) == 1 and not _is_reduction(sch, consumers[0]):
+        _require_identity_read(sch, consumers[0], sch.get(block).writes[0].source)
+        sch.reverse_compute_at(consumers[0], ow, preserve_unit_loops=True)
+        _vectorize_tail(sch, consumers[0], lanes)
+    sch.vectorize(cb)
+    init = sch.decompose_reduction(block, rh)
+    _vectorize_tail(sch, init, lanes)
+
+
+_PADDED_ANCHORS = ("conv2d", "pool", "conv2d_NCHWc", "depthwise_conv2d_NCHWc")
 _TEMPLATES = {
     "dense": _dense,
     "matmul": _matmul,
     "matmul_nt": _matmul,
     "conv2d": _conv2d,
+    "conv2d_NCHWc": _conv2d_nchwc,
+    "depthwise_conv2d_NCHWc": _depthwise_nchwc,
     "pool": _pool,
 }

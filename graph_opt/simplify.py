@@ -87,6 +87,27 @@ def _drop_kept_dims(node: Call, x: Expr, x_uses: int) -> Expr | None:
     return Call(x.op, (y,), x.attrs.with_(keepdims=False), span=x.span)
 
 
+def _dense_on_nd(node: Call, x: Expr, x_uses: int) -> Expr | None:
+    """reshape([bias_add](dense(reshape(y, (M, K)), W)), y.shape[:-1] + (N,)) is
+    dense on y itself (dense takes N-d input): the epilogue after it can then fuse."""
+    if x_uses != 1:
+        return None
+    bias = None
+    dense = x
+    if is_op(x, "nn.bias_add"):
+        dense, bias = x.args  # type: ignore[union-attr]
+    if not is_op(dense, "nn.dense") or not is_op(dense.args[0], "reshape"):  # type: ignore[union-attr]
+        return None
+    y = dense.args[0].args[0]  # type: ignore[union-attr]
+    n = dense.shape[-1]
+    if len(y.shape) < 2 or node.shape != y.shape[:-1] + (n,):
+        return None
+    out: Expr = Call("nn.dense", (y, dense.args[1]), span=dense.span)  # type: ignore[union-attr]
+    if bias is not None:
+        out = Call("nn.bias_add", (out, bias), {"axis": -1}, span=x.span)
+    return out
+
+
 @register_pass("simplify", opt_level=1)
 def simplify(func: Function) -> Function:
     linear = _Linear()
@@ -112,6 +133,9 @@ def simplify(func: Function) -> Function:
             dropped = _drop_kept_dims(node, x, uses[id(old)] if same else 0)
             if dropped is not None:
                 return dropped
+            direct = _dense_on_nd(node, x, uses[id(old)] if same else 0)
+            if direct is not None:
+                return direct
             if is_op(x, "reshape"):  # reshape of reshape: only the last shape matters
                 x = x.args[0]
             if x.shape == node.shape:

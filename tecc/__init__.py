@@ -1,5 +1,31 @@
-"""tecc: compile PyTorch models to fast CPU and GPU code with TVM."""
+"""tecc: compile PyTorch models to fast CPU and GPU code with TVM.
 
-from tecc.api import CompiledModel, __version__, compile, import_model, load
+`tecc.load` needs only the TVM runtime: the compiler (and torch) is imported on
+first use of `compile` and friends, so a deployment host can run packages without it.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+__version__ = "0.1.0"
+_COMPILER_API = {"compile", "CompiledModel", "import_model"}
+
+
+def load(path: str | os.PathLike) -> Any:
+    """Load a deployment package (runtime only: no torch, no compiler)."""
+    import runtime
+
+    return runtime.load_package(os.fspath(path))
+
+
+def __getattr__(name: str) -> Any:
+    if name in _COMPILER_API:
+        from tecc import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'tecc' has no attribute {name!r}")
+
 
 __all__ = ["CompiledModel", "__version__", "compile", "import_model", "load"]

@@ -19,10 +19,9 @@ from graph_opt.fuse_ops import primitive_per_op
 from graph_opt.pass_manager import PassTrace, get_pass, run_passes
 from graph_opt.pipeline import optimize
 from schedules.target import resolve_target, target_to_json
+from tecc import __version__
 from tecc.build import BuildResult, build
 from tecc.summary import CompileSummary, summarize
-
-__version__ = "0.1.0"
 
 
 class CompiledModel:
@@ -129,8 +128,3 @@ def compile(  # noqa: A001 - the natural name, as torch.compile
     compiled = CompiledModel(imported, partitioned, result, tvm_target, timings)
     compiled.passes = [name for name, _ in trace.ran]
     return compiled
-
-
-def load(path: str | os.PathLike) -> runtime.Package:
-    """Load a deployment package (runtime only: no torch, no compiler)."""
-    return runtime.load_package(os.fspath(path))

@@ -43,16 +43,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     specs = package.input_specs
     if args.inputs:
         with np.load(args.inputs) as data:
-            missing = [s["name"] for s in specs if s["name"] not in data]
+            missing = [s.name for s in specs if s.name not in data]
             if missing:
                 raise SystemExit(f"tecc run: {args.inputs} lacks input(s) {missing}; "
                                  f"it has {sorted(data.files)}")
-            arrays = [data[s["name"]] for s in specs]
+            arrays = [data[s.name] for s in specs]
     else:
         rng = np.random.default_rng(0)
-        arrays = [rng.standard_normal(s["shape"]).astype(s["dtype"])
-                  if s["dtype"].startswith("float")
-                  else rng.integers(0, 2, s["shape"]).astype(s["dtype"]) for s in specs]
+        arrays = [rng.standard_normal(s.shape).astype(s.dtype)
+                  if s.dtype.startswith("float")
+                  else rng.integers(0, 2, s.shape).astype(s.dtype) for s in specs]
     flat = package.run_flat(*arrays)
     if args.print_time:
         times = []
@@ -66,11 +66,11 @@ def cmd_run(args: argparse.Namespace) -> int:
               f" {ms.mean():9.4f}   {np.median(ms):9.4f}   {ms.max():9.4f}   "
               f"{ms.min():9.4f}   {ms.std():9.4f}")
     if args.outputs:
-        np.savez(args.outputs, **{s["name"]: a for s, a in zip(package.output_specs, flat,
+        np.savez(args.outputs, **{s.name: a for s, a in zip(package.output_specs, flat,
                                                                 strict=True)})
     else:
         for spec, array in zip(package.output_specs, flat, strict=True):
-            print(f"{spec['name']}: shape {array.shape} {array.dtype}")
+            print(f"{spec.name}: shape {array.shape} {array.dtype}")
     return 0
 
 

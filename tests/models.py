@@ -169,3 +169,9 @@ def example_models(batch: int = 1) -> dict[str, tuple[nn.Module, tuple]]:
     for model, _ in models.values():
         model.eval()
     return models
+
+
+def mlp_example() -> tuple[nn.Module, tuple[torch.Tensor]]:
+    """For `tecc compile tests.models:mlp_example` (the same weights on every call)."""
+    torch.manual_seed(0)
+    return MLP().eval(), (torch.randn(2, 64, generator=torch.Generator().manual_seed(0)),)

@@ -1,0 +1,341 @@
+"""convert_layout_nchwc: convolutions in the blocked NCHW{c}c layout for CPUs.
+
+A conv2d on NCHW data becomes `nn.conv2d_NCHWc` on data [N, C/ic, H, W, ic] with its
+weight packed at compile time (a new Constant [OC/oc, IPG/ic, KH, KW, ic, oc], or
+[C/c, 1, KH, KW, 1, c] for a depthwise conv), producing [N, OC/oc, OH, OW, oc]: the
+innermost oc channels are one (or two) SIMD vectors, so the conv's inner loop is a
+vector FMA of a broadcast input value with a contiguous weight vector.
+
+Every tensor of the rewritten graph has a layout: NCHW (the original) or blocked by
+c. Ops known to be layout-agnostic keep a blocked tensor blocked:
+  - elementwise unary ops (relu, clip, sigmoid, hardswish, cast ...);
+  - broadcast binary ops (add, multiply, maximum ...) whose other operand is a
+    scalar, a per-channel tensor (C,1,1) / (N,C,1,1) (reshaped to its blocked form,
+    a plain reshape, constants folded), or a tensor of the same shape (brought to
+    the same block: residual adds of two blocked tensors stay blocked);
+  - nn.bias_add over the channel axis: an add of the bias reshaped to [C/c, 1, 1, c];
+  - pools (a `layout` attribute) and sum/mean/max/min over (H, W);
+  - a conv consumes its input in whatever block it comes (the input block is part
+    of the packed weight's layout), so consecutive convs need no transform at all.
+A `layout_transform` back to NCHW is inserted only where a consumer needs NCHW (the
+function output, flatten/reshape, dense, any op not listed), once per tensor.
+
+The block size: per conv, the output block is the largest of (2, 1, 1/2) x the
+vector lanes dividing the output channels (per group); a conv whose channels allow
+none stays an NCHW conv2d. The lanes come from the Function attribute
+`cpu_vector_lanes` (set by the driver from the target; 8 when absent, 0 disables the
+pass). graph_opt imports neither tvm nor the schedules, so the target reaches this
+pass only through that attribute. `make_convert_layout(block_fn=...)` gives a pass
+with another per-layer choice (the hook for tuning the block as a knob).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from frontend.ir import (
+    Call,
+    Constant,
+    Expr,
+    Function,
+    Tuple,
+    TupleGetItem,
+    Var,
+    post_order,
+)
+from frontend.ops import Pattern, get_op, nchwc_block, normalize_axis, reduce_axes
+from graph_opt.pass_manager import register_pass
+
+LANES_ATTR = "cpu_vector_lanes"
+DEFAULT_LANES = 8
+
+POOLS = ("nn.max_pool2d", "nn.avg_pool2d", "nn.adaptive_avg_pool2d")
+SPATIAL_REDUCTIONS = ("sum", "mean", "max", "min")
+
+# (conv call, output channels to block, lanes) -> block, or None to keep NCHW
+BlockFn = Callable[[Call, int, int], "int | None"]
+
+
+def layout_name(block: int | None) -> str:
+    return "NCHW" if block is None else f"NCHW{block}c"
+
+
+# ---------------------------------------------------------------- numpy packing
+
+
+def to_nchwc(x: np.ndarray, block: int) -> np.ndarray:
+    """[N, C, H, W] -> [N, C/c, H, W, c]."""
+    n, c, h, w = x.shape
+    return np.ascontiguousarray(x.reshape(n, c // block, block, h, w).transpose(0, 1, 3, 4, 2))
+
+
+def from_nchwc(x: np.ndarray) -> np.ndarray:
+    """[N, C/c, H, W, c] -> [N, C, H, W]."""
+    n, cc, h, w, c = x.shape
+    return np.ascontiguousarray(x.transpose(0, 1, 4, 2, 3).reshape(n, cc * c, h, w))
+
+
+def layout_transform_numpy(x: np.ndarray, src_layout: str, dst_layout: str) -> np.ndarray:
+    """What the `layout_transform` op computes (an evaluator for constant folding)."""
+    src, dst = nchwc_block(src_layout), nchwc_block(dst_layout)
+    nchw = x if src is None else from_nchwc(x)
+    return np.ascontiguousarray(nchw) if dst is None else to_nchwc(nchw, dst)
+
+
+def pack_conv_weight(w: np.ndarray, ic: int, oc: int) -> np.ndarray:
+    """OIHW [O, IPG, KH, KW] -> [O/oc, IPG/ic, KH, KW, ic, oc] (topi's conv2d_NCHWc)."""
+    o, ipg, kh, kw = w.shape
+    packed = w.reshape(o // oc, oc, ipg // ic, ic, kh, kw).transpose(0, 2, 4, 5, 3, 1)
+    return np.ascontiguousarray(packed)
+
+
+def pack_depthwise_weight(w: np.ndarray, c: int) -> np.ndarray:
+    """[C, 1, KH, KW] -> [C/c, 1, KH, KW, 1, c] (topi's depthwise_conv2d_NCHWc)."""
+    ch, _, kh, kw = w.shape
+    packed = w.reshape(ch // c, c, 1, kh, kw).transpose(0, 2, 3, 4, 1)[:, :, :, :, None, :]
+    return np.ascontiguousarray(packed)
+
+
+# ---------------------------------------------------------------- block choice
+
+
+def out_block_candidates(lanes: int) -> list[int]:
+    return [b for b in (2 * lanes, lanes, lanes // 2) if b >= 1]
+
+
+def default_out_block(conv: Call, channels: int, lanes: int) -> int | None:
+    """The largest of 2x, 1x, 1/2x the vector lanes dividing `channels`."""
+    for b in out_block_candidates(lanes):
+        if channels % b == 0:
+            return b
+    return None
+
+
+def in_block(channels: int, lanes: int) -> int:
+    """Block of a tensor entering the blocked layout at a conv's input: a vector
+    block when the channels allow, else all of them when few (the RGB input:
+    ic = 3, an NHWC-like [N, 1, H, W, 3]), else the largest divisor <= 2 lanes."""
+    for b in out_block_candidates(lanes):
+        if channels % b == 0:
+            return b
+    for b in range(min(channels, 2 * lanes), 0, -1):
+        if channels % b == 0:
+            return b
+    return 1
+
+
+# ---------------------------------------------------------------- the pass
+
+
+class _Converter:
+    def __init__(self, lanes: int, block_fn: BlockFn) -> None:
+        self.lanes = lanes
+        self.block_fn = block_fn
+        self.new: dict[int, tuple[Expr, int | None]] = {}  # old id -> (expr, block)
+        self.transformed: dict[tuple[int, int | None], Expr] = {}
+
+    # -- layout conversions
+
+    def as_layout(self, expr: Expr, block: int | None, want: int | None) -> Expr:
+        """`expr` (in layout `block`) in layout `want`; one transform per tensor."""
+        if block == want:
+            return expr
+        key = (id(expr), want)
+        if key not in self.transformed:
+            if isinstance(expr, Constant):
+                data = layout_transform_numpy(expr.data, layout_name(block), layout_name(want))
+                self.transformed[key] = Constant(data)
+            else:
+                self.transformed[key] = Call("layout_transform", [expr], {
+                    "src_layout": layout_name(block), "dst_layout": layout_name(want)})
+        return self.transformed[key]
+
+    def nchw(self, old: Expr) -> Expr:
+        expr, block = self.new[id(old)]
+        return self.as_layout(expr, block, None)
+
+    # -- per node
+
+    def visit(self, node: Expr) -> tuple[Expr, int | None]:
+        if isinstance(node, Var | Constant | Function):
+            return node, None
+        if isinstance(node, Tuple):
+            return Tuple([self.nchw(f) for f in node.fields]), None
+        if isinstance(node, TupleGetItem):
+            return TupleGetItem(self.nchw(node.tuple_value), node.index), None
+        assert isinstance(node, Call)
+        if isinstance(node.op, str):
+            converted = self.convert_call(node)
+            if converted is not None:
+                return converted
+        return self.generic(node), None
+
+    def generic(self, node: Call) -> Expr:
+        args = [self.nchw(a) for a in node.args]
+        if all(a is b for a, b in zip(args, node.args, strict=True)):
+            return node
+        return Call(node.op, args, node.attrs, node.span)
+
+    def convert_call(self, node: Call) -> tuple[Expr, int | None] | None:
+        op = node.op
+        assert isinstance(op, str)
+        if op == "nn.conv2d":
+            return self.conv2d(node)
+        blocks = [self.new[id(a)][1] for a in node.args]
+        block = next((b for b in blocks if b is not None), None)
+        if block is None:
+            return None
+        pattern = get_op(op).pattern
+        if pattern == Pattern.ELEMWISE and len(node.args) == 1:
+            (x,) = node.args
+            return Call(op, [self.new[id(x)][0]], node.attrs, node.span), block
+        if op == "nn.bias_add":
+            return self.bias_add(node)
+        if pattern == Pattern.BROADCAST and len(node.args) == 2:
+            return self.binary(node)
+        if op in POOLS and node.attrs["layout"] == "NCHW":
+            x, b = self.new[id(node.args[0])]
+            return Call(op, [x], node.attrs.with_(layout=layout_name(b)), node.span), b
+        if op in SPATIAL_REDUCTIONS:
+            return self.spatial_reduction(node)
+        return None
+
+    def conv2d(self, node: Call) -> tuple[Expr, int | None] | None:
+        data_old, weight = node.args
+        if not isinstance(weight, Constant) or len(data_old.shape) != 4:
+            return None
+        if not np.issubdtype(weight.data.dtype, np.floating):
+            return None
+        x, xb = self.new[id(data_old)]
+        groups = node.attrs["groups"]
+        c = data_old.shape[1]
+        o = node.shape[1]
+        ipg, opg = c // groups, o // groups
+        attrs = dict(node.attrs)
+        if groups > 1 and groups == c == o:  # depthwise
+            if xb is not None and xb in out_block_candidates(self.lanes):
+                block = xb
+            else:
+                block = self.block_fn(node, c, self.lanes)
+            if block is None:
+                return None
+            data = self.as_layout(x, xb, block)
+            packed = pack_depthwise_weight(weight.data, block)
+            attrs.update(data_layout=layout_name(block), out_layout=layout_name(block))
+            return Call("nn.conv2d_NCHWc", [data, Constant(packed)], attrs, node.span), block
+        oc = self.block_fn(node, opg if groups > 1 else o, self.lanes)
+        if oc is None:
+            return None
+        ic = xb if xb is not None and ipg % xb == 0 else in_block(ipg, self.lanes)
+        data = self.as_layout(x, xb, ic)
+        packed = pack_conv_weight(weight.data, ic, oc)
+        attrs.update(data_layout=layout_name(ic), out_layout=layout_name(oc))
+        return Call("nn.conv2d_NCHWc", [data, Constant(packed)], attrs, node.span), oc
+
+    def bias_add(self, node: Call) -> tuple[Expr, int | None] | None:
+        x_old, b_old = node.args
+        x, block = self.new[id(x_old)]
+        if block is None or normalize_axis(node.attrs["axis"], len(x_old.shape)) != 1:
+            return None
+        channels = x_old.shape[1]
+        bias = self.per_channel(self.nchw(b_old), channels, block, leading=0)
+        return Call("add", [x, bias], span=node.span), block
+
+    def per_channel(self, expr: Expr, channels: int, block: int, leading: int) -> Expr:
+        """A per-channel operand ((C,), (C,1,1) or (N,C,1,1): `leading` dims before C)
+        in its blocked form: [..., C/c, 1, 1, c], a plain reshape of its values."""
+        shape = tuple(expr.shape[:leading]) + (channels // block, 1, 1, block)
+        if isinstance(expr, Constant):
+            return Constant(expr.data.reshape(shape))
+        return Call("reshape", [expr], {"newshape": shape})
+
+    def binary(self, node: Call) -> tuple[Expr, int | None] | None:
+        out_shape = node.shape
+        if len(out_shape) != 4:
+            return None
+        olds = node.args
+        news = [self.new[id(a)] for a in olds]
+        # The block of the first blocked operand that has the output's shape.
+        block = next((b for a, (_, b) in zip(olds, news, strict=True)
+                      if b is not None and a.shape == out_shape), None)
+        if block is None:
+            return None
+        args = []
+        for a_old, (a_new, a_block) in zip(olds, news, strict=True):
+            converted = self.broadcast_operand(a_old, a_new, a_block, block, out_shape)
+            if converted is None:
+                return None
+            args.append(converted)
+        return Call(node.op, args, node.attrs, node.span), block
+
+    def broadcast_operand(self, old: Expr, new: Expr, cur: int | None, block: int,
+                          out_shape: tuple[int, ...]) -> Expr | None:
+        shape = old.shape
+        size = int(np.prod(shape, dtype=np.int64))
+        if size == 1 and len(shape) <= 4:
+            return self.as_layout(new, cur, None) if cur is not None else new
+        if shape == out_shape:
+            return self.as_layout(new, cur, block)
+        if len(shape) > 4:
+            return None
+        full = (1,) * (4 - len(shape)) + tuple(shape)
+        channels = out_shape[1]
+        nchw = self.as_layout(new, cur, None)
+        if full[1] == channels and full[2] == full[3] == 1:
+            if full[0] == 1:
+                return self.per_channel(_reshaped(nchw, (channels,)), channels, block, 0)
+            return self.per_channel(nchw if len(shape) == 4 else _reshaped(nchw, full),
+                                    channels, block, 1)
+        if full[1] == 1:  # constant over channels: [N, 1, H, W, 1] broadcasts
+            return _reshaped(nchw, (*full, 1))
+        return None
+
+    def spatial_reduction(self, node: Call) -> tuple[Expr, int | None] | None:
+        x_old = node.args[0]
+        x, block = self.new[id(x_old)]
+        if len(x_old.shape) != 4 or reduce_axes(node.attrs, 4) != (2, 3):
+            return None
+        keep = node.attrs["keepdims"]
+        red = Call(node.op, [x], node.attrs.with_(axis=(2, 3)), node.span)
+        if keep:
+            return red, block
+        # [N, C/c, c] has the bytes of [N, C]: a reshape, no transform.
+        return _reshaped(red, node.shape), None
+
+
+def _reshaped(expr: Expr, shape: tuple[int, ...]) -> Expr:
+    if tuple(expr.shape) == tuple(shape):
+        return expr
+    if isinstance(expr, Constant):
+        return Constant(expr.data.reshape(shape))
+    return Call("reshape", [expr], {"newshape": tuple(shape)})
+
+
+def convert_layout(func: Function, lanes: int | None = None,
+                   block_fn: BlockFn | None = None) -> Function:
+    """`func` with its convolutions in NCHW{c}c (see the module docstring). `lanes`
+    defaults to the Function's `cpu_vector_lanes` attribute; 0 returns `func`."""
+    if lanes is None:
+        lanes = int(func.attrs.get(LANES_ATTR, DEFAULT_LANES))
+    if lanes <= 0:
+        return func
+    conv = _Converter(lanes, block_fn or default_out_block)
+    for node in post_order(func.body):
+        conv.new[id(node)] = conv.visit(node)
+    body = conv.nchw(func.body)
+    if body is func.body:
+        return func
+    return Function(func.params, body, func.attrs)
+
+
+def make_convert_layout(lanes: int | None = None,
+                        block_fn: BlockFn | None = None) -> Callable[[Function], Function]:
+    """A pass function with a fixed lane count and/or another per-layer block choice."""
+    return lambda func: convert_layout(func, lanes, block_fn)
+
+
+@register_pass("convert_layout_nchwc", opt_level=3)
+def convert_layout_nchwc(func: Function) -> Function:
+    return convert_layout(func)

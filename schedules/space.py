@@ -1,0 +1,213 @@
+"""Config spaces for schedule templates, in the spirit of AutoTVM's cfg.define_*.
+
+A template declares knobs on a ConfigSpace:
+    space.define_split("tile_n", 512, num_outputs=3, policy="power2", max_factor=64)
+    space.define_choice("unroll", [0, 16, 64])
+    space.define_bool("vectorize_epilogue")
+The space enumerates its configs (mixed-radix index over the knobs), maps an index to a
+Config and back, samples uniformly, gives a config's neighbours (one knob changed, as
+simulated annealing needs), serializes a config to readable JSON, and turns each knob
+choice into numbers a cost model can use.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+def _divisors(n: int) -> list[int]:
+    small = [d for d in range(1, int(math.isqrt(n)) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def factorizations(extent: int, parts: int, policy: str = "factors",
+                   max_factor: int | None = None) -> list[tuple[int, ...]]:
+    """All ways to write `extent` as a product of `parts` factors, outermost first.
+    policy "factors": exact divisors; "power2": the inner factors are powers of two
+    (the outermost takes the rest, ceil-divided, so any extent works).
+    `max_factor` bounds every inner factor."""
+    if parts < 1:
+        raise ValueError("a split needs at least one part")
+    limit = max_factor or extent
+
+    def inner_choices(remaining: int) -> list[int]:
+        if policy == "power2":
+            out, p = [], 1
+            while p <= min(remaining, limit):
+                out.append(p)
+                p *= 2
+            return out
+        return [d for d in _divisors(remaining) if d <= limit]
+
+    results: list[tuple[int, ...]] = []
+
+    def rec(remaining: int, left: int, acc: list[int]) -> None:
+        if left == 1:
+            results.append((remaining, *reversed(acc)))
+            return
+        for f in inner_choices(remaining):
+            rest = -(-remaining // f) if policy == "power2" else remaining // f
+            rec(rest, left - 1, acc + [f])
+
+    rec(extent, parts, [])
+    return sorted(set(results))
+
+
+@dataclass(frozen=True)
+class Knob:
+    name: str
+    kind: str  # "split", "choice", "bool"
+    options: tuple[Any, ...]
+
+    def __len__(self) -> int:
+        return len(self.options)
+
+    def features(self, index: int) -> list[float]:
+        """Numbers describing option `index` (log2 of split factors, the value of a
+        numeric choice, its position otherwise)."""
+        value = self.options[index]
+        if self.kind == "split":
+            return [math.log2(max(f, 1)) for f in value]
+        if isinstance(value, bool):
+            return [float(value)]
+        if isinstance(value, int | float):
+            return [math.log2(value + 1) if value >= 0 else float(value)]
+        return [float(index)]
+
+
+class Config(dict):
+    """One point of a space: knob name -> chosen value, plus its index."""
+
+    def __init__(self, values: dict[str, Any], index: int, space: ConfigSpace | None = None):
+        super().__init__(values)
+        self.index = index
+        self.space = space
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in self.items()}
+
+    def __hash__(self) -> int:  # configs of one space are identified by index
+        return hash(self.index)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Config) and dict.__eq__(self, other)
+
+
+class ConfigSpace:
+    def __init__(self) -> None:
+        self.knobs: list[Knob] = []
+        self._by_name: dict[str, Knob] = {}
+
+    # -- declaring knobs
+    def _add(self, knob: Knob) -> Knob:
+        if knob.name in self._by_name:
+            raise ValueError(f"knob {knob.name!r} defined twice")
+        if not knob.options:
+            raise ValueError(f"knob {knob.name!r} has no options")
+        self.knobs.append(knob)
+        self._by_name[knob.name] = knob
+        return knob
+
+    def define_split(self, name: str, extent: int, num_outputs: int = 2,
+                     policy: str = "factors", max_factor: int | None = None,
+                     filter_fn: Any = None) -> Knob:
+        options = factorizations(extent, num_outputs, policy, max_factor)
+        if filter_fn is not None:
+            options = [o for o in options if filter_fn(o)] or options[:1]
+        return self._add(Knob(name, "split", tuple(options)))
+
+    def define_choice(self, name: str, values: Sequence[Any]) -> Knob:
+        return self._add(Knob(name, "choice", tuple(dict.fromkeys(values))))
+
+    def define_bool(self, name: str) -> Knob:
+        return self._add(Knob(name, "bool", (False, True)))
+
+    # -- the space
+    def __len__(self) -> int:
+        return math.prod(len(k) for k in self.knobs) if self.knobs else 1
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._by_name
+
+    def indices_of(self, index: int) -> list[int]:
+        if not 0 <= index < len(self):
+            raise IndexError(f"config index {index} outside a space of {len(self)}")
+        digits = []
+        for knob in self.knobs:
+            index, digit = divmod(index, len(knob))
+            digits.append(digit)
+        return digits
+
+    def index_of(self, digits: Sequence[int]) -> int:
+        index = 0
+        for knob, digit in zip(reversed(self.knobs), reversed(list(digits)), strict=True):
+            index = index * len(knob) + digit
+        return index
+
+    def get(self, index: int) -> Config:
+        digits = self.indices_of(index)
+        return Config({k.name: k.options[d] for k, d in zip(self.knobs, digits, strict=True)},
+                      index, self)
+
+    def __iter__(self) -> Iterator[Config]:
+        for i in range(len(self)):
+            yield self.get(i)
+
+    def sample(self, rng: random.Random, n: int = 1) -> list[Config]:
+        """`n` distinct configs drawn uniformly (all of them if the space is smaller)."""
+        total = len(self)
+        if n >= total:
+            return list(self)
+        return [self.get(i) for i in rng.sample(range(total), n)]
+
+    def neighbours(self, config: Config) -> list[Config]:
+        """Configs differing from `config` in exactly one knob."""
+        digits = self.indices_of(config.index)
+        result = []
+        for k, knob in enumerate(self.knobs):
+            for d in range(len(knob)):
+                if d != digits[k]:
+                    changed = list(digits)
+                    changed[k] = d
+                    result.append(self.get(self.index_of(changed)))
+        return result
+
+    def random_neighbour(self, config: Config, rng: random.Random) -> Config:
+        movable = [k for k, knob in enumerate(self.knobs) if len(knob) > 1]
+        if not movable:
+            return config
+        digits = self.indices_of(config.index)
+        k = rng.choice(movable)
+        digits[k] = rng.choice([d for d in range(len(self.knobs[k])) if d != digits[k]])
+        return self.get(self.index_of(digits))
+
+    # -- serialization and features
+    def from_json(self, values: dict[str, Any]) -> Config:
+        """The config with these knob values (as written by Config.to_json)."""
+        digits = []
+        for knob in self.knobs:
+            if knob.name not in values:
+                raise KeyError(f"config lacks knob {knob.name!r}")
+            value = values[knob.name]
+            value = tuple(value) if isinstance(value, list) else value
+            try:
+                digits.append(knob.options.index(value))
+            except ValueError:
+                raise ValueError(f"knob {knob.name!r} has no option {value!r}") from None
+        return self.get(self.index_of(digits))
+
+    def features(self, config: Config) -> list[float]:
+        digits = self.indices_of(config.index)
+        return [f for knob, d in zip(self.knobs, digits, strict=True) for f in knob.features(d)]
+
+    def describe(self) -> str:
+        parts = [f"{k.name}({k.kind}:{len(k)})" for k in self.knobs]
+        return f"{len(self)} configs = " + " x ".join(parts)
+
+    def dumps(self, config: Config) -> str:
+        return json.dumps(config.to_json(), sort_keys=True)

@@ -1,0 +1,81 @@
+"""Config spaces: enumeration, index <-> config, sampling, neighbours, JSON, features."""
+
+import json
+import math
+import random
+
+import pytest
+
+from schedules.space import ConfigSpace, factorizations
+
+
+def make_space() -> ConfigSpace:
+    space = ConfigSpace()
+    space.define_split("tile_m", 24, num_outputs=3)
+    space.define_split("tile_n", 100, num_outputs=2, policy="power2", max_factor=32)
+    space.define_choice("unroll", [0, 8, 32])
+    space.define_bool("vectorize")
+    return space
+
+
+def test_factorizations_cover_exact_and_power2_splits():
+    splits = factorizations(12, 2)
+    assert splits == [(1, 12), (2, 6), (3, 4), (4, 3), (6, 2), (12, 1)]
+    assert all(math.prod(s) == 24 for s in factorizations(24, 3))
+    p2 = factorizations(100, 2, "power2", max_factor=16)
+    assert (100, 1) in p2 and (7, 16) in p2  # outer = ceil(100 / 16)
+    assert all(s[1] & (s[1] - 1) == 0 and s[1] <= 16 for s in p2)
+
+
+def test_size_enumeration_and_index_round_trip():
+    space = make_space()
+    assert len(space) == len(factorizations(24, 3)) * len(
+        factorizations(100, 2, "power2", 32)) * 3 * 2
+    seen = set()
+    for config in space:
+        assert space.get(config.index) == config
+        assert space.from_json(json.loads(space.dumps(config))).index == config.index
+        seen.add(space.dumps(config))
+    assert len(seen) == len(space)
+    with pytest.raises(IndexError):
+        space.get(len(space))
+
+
+def test_neighbours_differ_in_exactly_one_knob():
+    space = make_space()
+    rng = random.Random(0)
+    for config in space.sample(rng, 20):
+        neighbours = space.neighbours(config)
+        assert len(neighbours) == sum(len(k) - 1 for k in space.knobs)
+        for other in neighbours:
+            assert sum(config[k] != other[k] for k in config) == 1
+        step = space.random_neighbour(config, rng)
+        assert sum(config[k] != step[k] for k in config) == 1
+
+
+def test_sampling_is_uniform_and_distinct():
+    space = make_space()
+    picks = space.sample(random.Random(1), 50)
+    assert len({c.index for c in picks}) == 50
+    small = ConfigSpace()
+    small.define_bool("b")
+    assert len(small.sample(random.Random(0), 10)) == 2
+
+
+def test_features_are_numeric_per_knob():
+    space = make_space()
+    config = space.get(7)
+    features = space.features(config)
+    assert len(features) == 3 + 2 + 1 + 1
+    assert all(isinstance(f, float) for f in features)
+
+
+def test_bad_json_is_refused():
+    space = make_space()
+    values = space.get(0).to_json()
+    values["unroll"] = 5
+    with pytest.raises(ValueError, match="no option"):
+        space.from_json(values)
+    del values["unroll"]
+    with pytest.raises(KeyError):
+        space.from_json(values)

@@ -1,0 +1,79 @@
+"""Tuning records: append-only JSON Lines, broken lines skipped with a count, and
+the exact > compatible > fallback choice of a config."""
+
+import json
+import warnings
+
+import pytest
+
+from autotune.records import Record, RecordDatabase, RecordWriter, isa_family, load_records
+
+AVX2 = {"kind": "llvm", "mcpu": "core-avx2", "num-cores": 2}
+ZEN = {"kind": "llvm", "mcpu": "znver3", "num-cores": 16}
+AVX512 = {"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2}
+DENSE = {"template": "dense", "shapes": [[64, 128], [256, 128]], "dtype": "float32"}
+
+
+def rec(target, cost, tile, error=None, workload=DENSE):
+    return Record(target, workload, {"tile": tile}, [] if error else [cost, cost * 1.1],
+                  error)
+
+
+def test_round_trip_and_flush(tmp_path):
+    path = tmp_path / "r.jsonl"
+    with RecordWriter(path, "0.1.0", "0.27") as writer:
+        writer.write(rec(AVX2, 1e-3, 4))
+        # flushed per record: readable before the writer closes
+        assert len(path.read_text().splitlines()) == 1
+        writer.write(rec(AVX2, 0, 8, error="runtime: crashed"))
+    records, skipped = load_records(path)
+    assert skipped == 0 and len(records) == 2
+    line = json.loads(path.read_text().splitlines()[0])
+    assert {"version", "target", "workload", "config", "costs_s", "error", "timestamp",
+            "host", "tecc", "tvm"} <= set(line)
+    assert records[1].error == "runtime: crashed" and records[1].cost == float("inf")
+
+
+def test_broken_lines_are_skipped_with_one_warning(tmp_path):
+    path = tmp_path / "r.jsonl"
+    with RecordWriter(path) as writer:
+        writer.write(rec(AVX2, 1e-3, 4))
+    with open(path, "a") as f:
+        f.write("{not json\n")
+        f.write(json.dumps({"version": 1, "target": AVX2}) + "\n")
+        f.write('{"version": 1, "target": {}, "workload": {}, "config": {}, "costs_s": "x", '
+                '"error": null}\n')
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        records, skipped = load_records([path])
+    assert len(records) == 1 and skipped == 3
+    assert len(caught) == 1 and "skipped 3 broken" in str(caught[0].message)
+
+
+def test_choice_prefers_exact_then_compatible_then_fallback(tmp_path):
+    db = RecordDatabase([rec(AVX2, 2e-3, 4), rec(AVX2, 1e-3, 8), rec(AVX2, 1e-4, 16,
+                                                                       error="build: x"),
+                         rec(ZEN, 5e-4, 32)])
+    exact = db.choose(DENSE, AVX2)
+    assert exact.source == "exact" and exact.config == {"tile": 8}
+    compatible = db.choose(DENSE, {"kind": "llvm", "mcpu": "haswell", "num-cores": 4})
+    assert compatible.source == "compatible" and compatible.config == {"tile": 32}
+    assert db.choose(DENSE, AVX512).source == "fallback"
+    other = dict(DENSE, shapes=[[1, 2], [3, 2]])
+    assert db.choose(other, AVX2).config is None
+
+
+def test_folders_merge(tmp_path):
+    for i, target in enumerate([AVX2, AVX512]):
+        with RecordWriter(tmp_path / f"{i}.jsonl") as w:
+            w.write(rec(target, 1e-3, 4))
+    records, _ = load_records(tmp_path)
+    assert len(records) == 2
+    with pytest.raises(FileNotFoundError):
+        load_records(tmp_path / "missing.jsonl")
+
+
+def test_isa_families():
+    assert isa_family(AVX2) == isa_family(ZEN) == "x86-avx2"
+    assert isa_family(AVX512) == "x86-avx512"
+    assert isa_family({"kind": "cuda", "arch": "sm_90"}) == "cuda-sm_90"

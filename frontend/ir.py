@@ -238,6 +238,9 @@ class Function(Expr):
     def ret_type(self) -> Type:
         return self.body.ty
 
+    def with_attrs(self, **updates: Any) -> Function:
+        return Function(self.params, self.body, self.attrs.with_(**updates))
+
 
 # ---------------------------------------------------------------- traversal
 

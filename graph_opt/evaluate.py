@@ -203,6 +203,13 @@ def _where(args, attrs, ty):
     return np.where(_as_bool(cond), x, y)
 
 
+@evaluator("layout_transform")
+def _layout_transform(args, attrs, ty):
+    from graph_opt.layout import layout_transform_numpy  # layout imports the registry
+
+    return layout_transform_numpy(args[0], attrs["src_layout"], attrs["dst_layout"])
+
+
 @evaluator("nn.bias_add")
 def _bias_add(args, attrs, ty):
     x, b = args

@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 ANCHOR_ATTR = "tecc.anchor"
 PARALLEL_MIN_WORK = 16384  # below this, thread-pool start-up costs more than it saves
 DATA_PAR, COMM_REDUCE = 0, 2
-CONV_ACC_VECTORS = 12  # accumulator vectors of a blocked conv's register tile
+CONV_ACC_VECTORS = 0  # accumulator vectors of a conv register tile (0: from the ISA)
 
 
 # ---------------------------------------------------------------- block queries
@@ -361,12 +361,20 @@ def _conv2d(sch: Schedule, block, lanes: int) -> None:
     _vectorize_tail(sch, init, lanes)
 
 
+def _acc_budget(lanes: int, vecs: int) -> int:
+    """Accumulator vectors of a register tile: the vector registers (16 with AVX2,
+    32 with AVX-512) less the weight vectors and one broadcast input value."""
+    if CONV_ACC_VECTORS:
+        return max(vecs, CONV_ACC_VECTORS)
+    registers = 32 if lanes >= 16 else 16
+    return max(vecs, min(28, registers - vecs - 1))
+
+
 def _conv2d_nchwc(sch: Schedule, block, lanes: int) -> None:
     """Blocked conv (data [N, C/ic, H, W, ic], output [N, OC/oc, OH, OW, oc]):
     parallel(n, oc_chunk, oh) / ow_o / ic_chunk, kh, kw (unrolled), ic /
     ow_i (unrolled) / oc (vectorized). The ow_i x oc accumulators stay in registers
-    (about 12 vectors: the ISA has 16, one weight vector and a broadcast need two);
-    the epilogue (bias, activation, residual add) runs under ow_o on the finished tile."""
+    (`_acc_budget`: what the weight vectors and the broadcast input leave); the epilogue (bias, activation, residual add) runs under ow_o on the finished tile."""
     loops = sch.get_loops(block)
     if len(loops) != 9:
         raise ValueError("conv2d_NCHWc template expects n, occ, oh, ow, oc, icc, kh, kw, ic")
@@ -376,7 +384,7 @@ def _conv2d_nchwc(sch: Schedule, block, lanes: int) -> None:
         raise ValueError("symbolic extents")
     ow_ext, oc_ext = exts[3], exts[4]
     vecs = max(1, -(-oc_ext // lanes))
-    owb = _largest_divisor(ow_ext, max(1, CONV_ACC_VECTORS // vecs))
+    owb = _largest_divisor(ow_ext, _acc_budget(lanes, vecs) // vecs)
     acc = sch.cache_write(block, 0, "local")
     owo, owi = sch.split(ow, [None, owb])
     sch.reorder(n, occ, oh, owo, icc, kh, kw, ic, owi, ocb)
@@ -405,7 +413,7 @@ def _depthwise_nchwc(sch: Schedule, block, lanes: int) -> None:
     if any(e is None for e in exts):
         raise ValueError("symbolic extents")
     vecs = max(1, -(-exts[4] // lanes))
-    owb = _largest_divisor(exts[3], max(1, CONV_ACC_VECTORS // vecs))
+    owb = _largest_divisor(exts[3], _acc_budget(lanes, vecs) // vecs)
     acc = sch.cache_write(block, 0, "local")
     owo, owi = sch.split(ow, [None, owb])
     sch.reorder(n, cc, oh, owo, kh, kw, owi, cb)

@@ -18,7 +18,7 @@ from frontend.printer import astext
 from graph_opt.fuse_ops import primitive_per_op
 from graph_opt.pass_manager import PassTrace, get_pass, run_passes
 from graph_opt.pipeline import optimize
-from schedules.target import resolve_target, target_to_json
+from schedules.target import resolve_target, target_to_json, vector_lanes
 from tecc import __version__
 from tecc.build import BuildResult, build
 from tecc.summary import CompileSummary, summarize
@@ -115,7 +115,10 @@ def compile(  # noqa: A001 - the natural name, as torch.compile
     tvm_target = resolve_target(target)
     start = time.perf_counter()
     trace = PassTrace()
-    optimized = optimize(imported.func, opt_level, print_after, trace)
+    # The CPU layout pass blocks channels by the vector width (0 turns it off).
+    lanes = vector_lanes(tvm_target) if tvm_target.kind.name == "llvm" else 0
+    func = imported.func.with_attrs(cpu_vector_lanes=lanes)
+    optimized = optimize(func, opt_level, print_after, trace)
     if opt_level >= 1:
         partitioned = run_passes(optimized, [get_pass("fuse_ops")], opt_level, print_after, trace)
     else:

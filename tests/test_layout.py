@@ -1,0 +1,321 @@
+"""convert_layout_nchwc: blocked NCHW{c}c convolutions, packed weights, and layout
+transforms only where the layout must change; the blocked kernels and their code."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import tvm
+
+import runtime
+from frontend.ir import Call, Constant, Expr, Function, TensorType, Var, post_order
+from frontend.ops import get_op
+from graph_opt.fuse_ops import fuse_ops
+from graph_opt.layout import (
+    LANES_ATTR,
+    convert_layout,
+    layout_transform_numpy,
+    make_convert_layout,
+    pack_conv_weight,
+    pack_depthwise_weight,
+    to_nchwc,
+)
+from graph_opt.pipeline import optimize
+from schedules.lower import lower_primitive
+from tecc.build import build
+
+TARGET = tvm.target.Target({"kind": "llvm", "mcpu": "core-avx2", "num-cores": 2})
+AVX512 = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2})
+
+
+def rand(shape, seed: int, scale: float = 1.0) -> np.ndarray:
+    return (np.random.default_rng(seed).standard_normal(shape) * scale).astype("float32")
+
+
+def const(shape, seed: int, scale: float = 0.2) -> Constant:
+    return Constant(rand(shape, seed, scale))
+
+
+def conv(x: Expr, cout: int, seed: int, k: int = 3, stride: int = 1, groups: int = 1) -> Call:
+    cin = x.shape[1] // groups
+    p = k // 2
+    return Call("nn.conv2d", [x, const((cout, cin, k, k), seed)],
+                {"strides": (stride, stride), "padding": (p, p, p, p), "groups": groups})
+
+
+def ops(func: Function) -> list[str]:
+    return [n.op for n in post_order(func.body) if isinstance(n, Call) and isinstance(n.op, str)]
+
+
+def calls(func: Function, op: str) -> list[Call]:
+    return [n for n in post_order(func.body) if isinstance(n, Call) and n.op == op]
+
+
+def run(func: Function, inputs: list[np.ndarray]) -> np.ndarray:
+    fused = fuse_ops(func)
+    result = build(fused, TARGET, [p.name for p in func.params], ["out"], {})
+    ex = runtime.Executor(result.executable, result.plan, result.params)
+    return ex.run_flat(*inputs)[0]
+
+
+def residual_net(cin: int = 16) -> Function:
+    """conv -> bias_add -> relu -> conv -> bias_add -> add(residual) -> flatten -> dense."""
+    x = Var("x", TensorType((1, cin, 8, 8), "float32"))
+    a = Call("relu", [Call("nn.bias_add", [conv(x, 32, 1), const((32,), 2)], {"axis": 1})])
+    b = Call("nn.bias_add", [conv(a, 32, 3), const((32,), 4)], {"axis": 1})
+    r = Call("add", [b, a])
+    flat = Call("reshape", [r], {"newshape": (1, 32 * 8 * 8)})
+    out = Call("nn.dense", [flat, const((10, 32 * 8 * 8), 5, 0.05)])
+    return Function([x], out, {LANES_ATTR: 8})
+
+
+# ---------------------------------------------------------------- the pass on small IR
+
+
+def test_residual_net_has_only_the_needed_transforms():
+    func = residual_net()
+    new = convert_layout(func)
+    transforms = calls(new, "layout_transform")
+    # one into the blocked layout at the input, one back before the flatten
+    assert [(t.attrs["src_layout"], t.attrs["dst_layout"]) for t in transforms] == [
+        ("NCHW", "NCHW16c"), ("NCHW16c", "NCHW")]
+    assert transforms[0].args[0] is func.params[0]
+    assert any(c.op == "reshape" and c.args[0] is transforms[1] for c in calls(new, "reshape"))
+    convs = calls(new, "nn.conv2d_NCHWc")
+    assert len(convs) == 2 and not calls(new, "nn.conv2d") and not calls(new, "nn.bias_add")
+    for c, in_chunks in zip(convs, (1, 2), strict=True):
+        weight = c.args[1]
+        assert isinstance(weight, Constant) and weight.shape == (2, in_chunks, 3, 3, 16, 16)
+        assert c.shape == (1, 2, 8, 8, 16)
+    # the biases became blocked constants of a broadcast add
+    bias_adds = [c for c in calls(new, "add") if isinstance(c.args[1], Constant)]
+    assert len(bias_adds) == 2 and all(c.args[1].shape == (2, 1, 1, 16) for c in bias_adds)
+    # the packed weight is the original one, reordered
+    w = calls(func, "nn.conv2d")[0].args[1]
+    assert isinstance(w, Constant)
+    np.testing.assert_array_equal(convs[0].args[1].data, pack_conv_weight(w.data, 16, 16))
+
+
+def test_residual_net_matches_the_unconverted_graph():
+    func = residual_net()
+    x = rand((1, 16, 8, 8), 9)
+    np.testing.assert_allclose(run(convert_layout(func), [x]), run(func, [x]),
+                               rtol=1e-4, atol=1e-4)
+
+
+def test_consecutive_convs_keep_the_layout_and_odd_channels_stay_nchw():
+    x = Var("x", TensorType((1, 3, 16, 16), "float32"))
+    y = conv(conv(conv(x, 16, 1, stride=2), 24, 2), 3, 3)  # 3 -> 16 -> 24 -> 3
+    func = Function([x], Call("sigmoid", [y]), {LANES_ATTR: 8})
+    new = convert_layout(func)
+    assert ops(new).count("nn.conv2d_NCHWc") == 2
+    (last,) = calls(new, "nn.conv2d")  # 3 output channels: no vector block
+    assert last.args[0].op == "layout_transform"
+    first, second = calls(new, "nn.conv2d_NCHWc")
+    # RGB input: the whole 3 channels as the input block; 16 -> 24 reads 16c as is
+    assert first.attrs["data_layout"] == "NCHW3c" and first.attrs["out_layout"] == "NCHW16c"
+    assert second.attrs["data_layout"] == "NCHW16c" and second.attrs["out_layout"] == "NCHW8c"
+    assert second.args[0] is first
+    assert len(calls(new, "layout_transform")) == 2
+    xv = rand((1, 3, 16, 16), 4)
+    np.testing.assert_allclose(run(new, [xv]), run(func, [xv]), rtol=1e-4, atol=1e-5)
+
+
+def test_differing_blocks_get_one_transform():
+    x = Var("x", TensorType((1, 16, 8, 8), "float32"))
+    a, b = conv(x, 32, 1), conv(x, 32, 2, k=1)
+    func = Function([x], Call("relu", [Call("add", [a, b])]), {LANES_ATTR: 8})
+    # the tuning hook: another block per layer (here by kernel size)
+    blocks = make_convert_layout(block_fn=lambda c, ch, lanes: 8 if c.args[1].shape[2] == 1
+                                 else 16)
+    new = blocks(func)
+    transforms = [(t.attrs["src_layout"], t.attrs["dst_layout"])
+                  for t in calls(new, "layout_transform")]
+    assert sorted(transforms) == [("NCHW", "NCHW16c"), ("NCHW16c", "NCHW"),
+                                  ("NCHW8c", "NCHW16c")]
+    xv = rand((1, 16, 8, 8), 5)
+    np.testing.assert_allclose(run(new, [xv]), run(func, [xv]), rtol=1e-4, atol=1e-5)
+
+
+def test_pools_reductions_and_channel_broadcasts_stay_blocked():
+    x = Var("x", TensorType((2, 8, 12, 12), "float32"))
+    s = Var("s", TensorType((2, 16, 1, 1), "float32"))
+    y = Call("clip", [conv(x, 16, 1)], {"a_min": 0.0, "a_max": 6.0})
+    y = Call("nn.max_pool2d", [y], {"pool_size": (3, 3), "strides": (2, 2),
+                                    "padding": (1, 1, 1, 1)})
+    y = Call("multiply", [y, const((16, 1, 1), 2)])  # per-channel constant
+    y = Call("add", [y, Call("sigmoid", [s])])  # per-channel tensor (an SE-style gate)
+    y = Call("nn.avg_pool2d", [y], {"pool_size": (2, 2), "strides": (2, 2)})
+    y = Call("add", [y, const((1,), 3)])  # scalar
+    m = Call("mean", [y], {"axis": (-1, -2), "keepdims": False})
+    func = Function([x, s], m, {LANES_ATTR: 8})
+    new = convert_layout(func)
+    assert [(t.attrs["src_layout"], t.attrs["dst_layout"])
+            for t in calls(new, "layout_transform")] == [("NCHW", "NCHW8c")]
+    assert {p.attrs["layout"] for p in calls(new, "nn.max_pool2d") + calls(new, "nn.avg_pool2d")
+            } == {"NCHW16c"}
+    assert new.body.op == "reshape" and new.body.args[0].op == "mean"  # [N, C/c, c] = [N, C]
+    inputs = [rand((2, 8, 12, 12), 6), rand((2, 16, 1, 1), 7)]
+    np.testing.assert_allclose(run(new, inputs), run(func, inputs), rtol=1e-4, atol=1e-5)
+
+
+def test_depthwise_and_grouped_convs():
+    x = Var("x", TensorType((1, 32, 10, 10), "float32"))
+    y = Call("relu", [conv(x, 32, 1, groups=32)])  # depthwise
+    y = conv(y, 64, 2, k=1, groups=2)  # grouped 1x1
+    y = Call("nn.adaptive_avg_pool2d", [y], {"output_size": (1, 1)})
+    func = Function([x], y, {LANES_ATTR: 8})
+    new = convert_layout(func)
+    dw, grouped = calls(new, "nn.conv2d_NCHWc")
+    assert dw.args[1].shape == (2, 1, 3, 3, 1, 16)  # topi's depthwise NCHWc kernel layout
+    np.testing.assert_array_equal(dw.args[1].data, pack_depthwise_weight(
+        calls(func, "nn.conv2d")[0].args[1].data, 16))
+    assert grouped.attrs["groups"] == 2 and grouped.args[0] is not dw  # relu in between
+    assert calls(new, "nn.adaptive_avg_pool2d")[0].attrs["layout"].startswith("NCHW")
+    xv = rand((1, 32, 10, 10), 8)
+    np.testing.assert_allclose(run(new, [xv]), run(func, [xv]), rtol=1e-4, atol=1e-5)
+
+
+def test_the_pass_is_registered_and_can_be_disabled():
+    from graph_opt.pass_manager import get_pass
+
+    p = get_pass("convert_layout_nchwc")
+    assert p.opt_level == 3
+    func = residual_net()
+    off = Function(func.params, func.body, {LANES_ATTR: 0})
+    assert p(off) is off
+    assert "nn.conv2d_NCHWc" in ops(p(func))
+
+
+def test_layout_transform_op_and_numpy_agree():
+    x = Var("x", TensorType((2, 24, 3, 5), "float32"))
+    to8 = Call("layout_transform", [x], {"src_layout": "NCHW", "dst_layout": "NCHW8c"})
+    to4 = Call("layout_transform", [to8], {"src_layout": "NCHW8c", "dst_layout": "NCHW4c"})
+    back = Call("layout_transform", [to4], {"src_layout": "NCHW4c", "dst_layout": "NCHW"})
+    assert to8.shape == (2, 3, 3, 5, 8) and to4.shape == (2, 6, 3, 5, 4)
+    assert get_op("layout_transform").attrs["src_layout"] is not None
+    xv = rand((2, 24, 3, 5), 1)
+    got4 = run(Function([x], to4), [xv])
+    np.testing.assert_array_equal(got4, to_nchwc(xv, 4))
+    np.testing.assert_array_equal(got4, layout_transform_numpy(
+        layout_transform_numpy(xv, "NCHW", "NCHW8c"), "NCHW8c", "NCHW4c"))
+    np.testing.assert_array_equal(run(Function([x], back), [xv]), xv)
+    with pytest.raises(Exception, match="divisible"):
+        Call("layout_transform", [x], {"src_layout": "NCHW", "dst_layout": "NCHW16c"})
+
+
+# ---------------------------------------------------------------- real models
+
+
+def _compile_with_layout(model, inputs):
+    from tecc.api import import_model
+
+    imported = import_model(model, inputs)
+    func = imported.func
+    func = Function(func.params, func.body, func.attrs.with_(**{LANES_ATTR: 8}))
+    func = convert_layout(optimize(func))
+    result = build(fuse_ops(func), TARGET, [s.name for s in imported.inputs],
+                   [s.name for s in imported.outputs], imported.output_structure,
+                   imported.param_names)
+    return func, runtime.Executor(result.executable, result.plan, result.params)
+
+
+@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v2"])
+def test_models_match_eager_in_blocked_layout(name):
+    from tests.models import MobileNetV2, resnet18
+
+    torch.manual_seed(0)
+    model = resnet18() if name == "resnet18" else MobileNetV2()
+    model.eval()
+    x = torch.randn(1, 3, 64, 64, generator=torch.Generator().manual_seed(3))
+    func, ex = _compile_with_layout(model, (x,))
+    assert not calls(func, "nn.conv2d")  # every conv is blocked
+    assert len(calls(func, "layout_transform")) == 1  # only the RGB input
+    fresh = torch.randn(1, 3, 64, 64, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        want = model(fresh).numpy()
+    np.testing.assert_allclose(ex.run_flat(fresh.numpy())[0], want, rtol=1e-4, atol=1e-4)
+
+
+# ---------------------------------------------------------------- generated code
+
+
+def _conv_nchwc_func(c=32, o=32, hw=14, ic=8, oc=16, groups=1, depthwise=False):
+    x = Var("x", TensorType((1, c // ic, hw, hw, ic), "float32"))
+    if depthwise:
+        w = Var("w", TensorType((c // ic, 1, 3, 3, 1, ic), "float32"))
+        groups, oc, o = c, ic, c
+    else:
+        w = Var("w", TensorType((o // oc, c // ic // groups, 3, 3, ic, oc), "float32"))
+    b = Var("b", TensorType((o // oc, 1, 1, oc), "float32"))
+    r = Var("r", TensorType((1, o // oc, hw, hw, oc), "float32"))
+    y = Call("nn.conv2d_NCHWc", [x, w], {"padding": (1, 1, 1, 1), "groups": groups,
+                                         "data_layout": f"NCHW{ic}c",
+                                         "out_layout": f"NCHW{oc}c"})
+    out = Call("relu", [Call("add", [Call("add", [y, b]), r])])  # bias, residual, relu
+    return Function([x, w, b, r], out)
+
+
+def _conv_block_loops(script: str, block: str) -> list[str]:
+    lines = script.splitlines()
+    at = next(i for i, ln in enumerate(lines) if f'T.sblock("{block}")' in ln)
+    indent = len(lines[at]) - len(lines[at].lstrip())
+    loops = []
+    for ln in reversed(lines[:at]):
+        ind = len(ln) - len(ln.lstrip())
+        if ind < indent and ln.lstrip().startswith("for "):
+            loops.append(ln.strip())
+            indent = ind
+    return loops[::-1]
+
+
+@pytest.mark.parametrize("kind", ["conv", "depthwise"])
+def test_blocked_conv_kernel_is_parallel_vectorized_with_fused_epilogue(kind):
+    func = _conv_nchwc_func(depthwise=kind == "depthwise")
+    script = lower_primitive(func, "k", TARGET).script()
+    block = "conv2d_NCHWc_update" if kind == "conv" else "depthwise_conv2d_NCHWc_update"
+    loops = _conv_block_loops(script, block)
+    assert "T.parallel" in loops[0]  # (n, oc_chunk, oh) fused
+    assert "T.vectorized" in loops[-1]  # the oc block
+    assert "T.unroll" in loops[-2]  # the output-width register tile
+    # the epilogue is computed per tile, inside the parallel loop, vectorized
+    relu = _conv_block_loops(script, "relu")
+    assert relu[0] == loops[0] and "T.vectorized" in relu[-1]
+    assert script.count("T.parallel") <= 2  # the conv nest (+ the padding)
+
+
+def test_blocked_conv_and_depthwise_kernels_compute_the_convolution():
+    rng = np.random.default_rng(0)
+    for kind in ("conv", "grouped", "depthwise"):
+        groups = 2 if kind == "grouped" else 1
+        func = _conv_nchwc_func(groups=groups, depthwise=kind == "depthwise")
+        x = rng.standard_normal((1, 32, 14, 14)).astype("float32")
+        if kind == "depthwise":
+            w = rng.standard_normal((32, 1, 3, 3)).astype("float32")
+            wp, oc, groups = pack_depthwise_weight(w, 8), 8, 32
+        else:
+            w = rng.standard_normal((32, 32 // groups, 3, 3)).astype("float32")
+            wp, oc = pack_conv_weight(w, 8, 16), 16
+        b = rng.standard_normal(32).astype("float32")
+        r = rng.standard_normal((1, 32, 14, 14)).astype("float32")
+        with torch.no_grad():
+            want = torch.relu(torch.nn.functional.conv2d(
+                torch.from_numpy(x), torch.from_numpy(w), torch.from_numpy(b), 1, 1,
+                groups=groups) + torch.from_numpy(r)).numpy()
+        got = run(func, [to_nchwc(x, 8), wp, b.reshape(32 // oc, 1, 1, oc), to_nchwc(r, oc)])
+        np.testing.assert_allclose(got, to_nchwc(want, oc), rtol=1e-4, atol=1e-4,
+                                   err_msg=kind)
+
+
+def test_avx512_blocked_kernels_build():
+    """16 lanes: the pass picks 16-channel blocks; the kernels build for skylake-avx512
+    (built only: this host may lack AVX-512)."""
+    func = Function(residual_net().params, residual_net().body, {LANES_ATTR: 16})
+    new = convert_layout(func)
+    assert {c.attrs["out_layout"] for c in calls(new, "nn.conv2d_NCHWc")} == {"NCHW16c"}
+    for kind in ("conv", "depthwise"):
+        f = _conv_nchwc_func(ic=16, oc=16, depthwise=kind == "depthwise")
+        prim = lower_primitive(f, "k", AVX512)
+        assert "T.vectorized(16)" in prim.script()
+        tvm.compile(tvm.IRModule({"k": prim}), target=AVX512)

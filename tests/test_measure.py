@@ -1,0 +1,201 @@
+"""Measurement: candidates built in worker processes and run in an isolated one. Good
+candidates get positive costs; a build error, a build hang, a crashing kernel, a
+hanging kernel and a wrong result are each recorded with their error kind, and the
+batch goes on. One record line per candidate, written as each is measured."""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pytest
+import tvm
+from tvm import te
+from tvm.s_tir.schedule import Schedule
+
+from autotune.measure import (
+    LocalBuilder,
+    LocalRunner,
+    MeasureInput,
+    MeasureResult,
+    WorkerPool,
+    compare_outputs,
+    measure_batch,
+)
+from autotune.records import RecordWriter, load_records
+from autotune.task import TunableTask
+from schedules.space import Config, ConfigSpace
+from schedules.target import resolve_target, target_to_json
+
+N = 64
+FAULTS = ["none", "build_error", "build_hang", "crash", "run_hang", "wrong"]
+
+
+def matmul_space() -> ConfigSpace:
+    space = ConfigSpace()
+    space.define_split("tile_i", N, 2, max_factor=16)
+    space.define_split("tile_j", N, 2, max_factor=32)
+    space.define_bool("parallel")
+    # Only this test task has this knob: configs that misbehave on purpose.
+    space.define_choice("fault", FAULTS)
+    return space
+
+
+@dataclass
+class MatmulTask:
+    """C = A @ B, N x N x N, float32; module level so the build workers can unpickle it."""
+
+    target: dict[str, Any]
+    name: str = "test_matmul"
+    workload: dict[str, Any] = field(default_factory=lambda: {
+        "template": "test_matmul", "shapes": [[N, N], [N, N]], "dtype": "float32"})
+
+    def build_primfunc(self, config: Config) -> tvm.tirx.PrimFunc:
+        fault = config["fault"]
+        if fault == "build_hang":
+            time.sleep(3600)
+        # wrong: one reduction step short; run_hang: a reduction of 2^30 steps per output
+        extent = {"wrong": N - 1, "run_hang": 1 << 30}.get(fault, N)
+        # crash: reads 2^24 rows past A (gigabytes away: unmapped, a real SIGSEGV)
+        offset = 1 << 24 if fault == "crash" else 0
+        a = te.placeholder((N, N), name="A")
+        b = te.placeholder((N, N), name="B")
+        k = te.reduce_axis((0, extent), name="k")
+        c = te.compute((N, N), lambda i, j: te.sum(a[i + offset, k % N] * b[k % N, j], axis=k),
+                       name="C")
+        sch = Schedule(tvm.IRModule({"main": te.create_prim_func([a, b, c])}))
+        block = sch.get_sblock("C")
+        i, j, kk = sch.get_loops(block)
+        if fault == "build_error":
+            sch.vectorize(kk)  # a reduction loop cannot be vectorized: ScheduleError
+        io, ii = sch.split(i, list(config["tile_i"]))
+        jo, ji = sch.split(j, list(config["tile_j"]))
+        sch.reorder(io, jo, kk, ii, ji)
+        sch.vectorize(ji)
+        if config["parallel"]:
+            sch.parallel(io)
+        return sch.mod["main"]
+
+    def reference_inputs(self, seed: int) -> list[np.ndarray]:
+        rng = np.random.default_rng(seed)
+        return [rng.uniform(-1, 1, (N, N)).astype("float32") for _ in range(2)]
+
+    def reference_outputs(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        return [inputs[0] @ inputs[1]]
+
+
+@pytest.fixture(scope="module")
+def task() -> MatmulTask:
+    return MatmulTask(target_to_json(resolve_target("llvm")))
+
+
+@pytest.fixture(scope="module")
+def builder():
+    with LocalBuilder(n_parallel=2, timeout_s=8) as b:
+        yield b
+
+
+@pytest.fixture(scope="module")
+def runner():
+    with LocalRunner(number=2, repeat=2, min_repeat_ms=0, timeout_s=4) as r:
+        yield r
+
+
+def cfg(tile_i: int = 8, tile_j: int = 16, parallel: bool = True, fault: str = "none"
+        ) -> Config:
+    return matmul_space().from_json({"tile_i": [N // tile_i, tile_i],
+                                     "tile_j": [N // tile_j, tile_j],
+                                     "parallel": parallel, "fault": fault})
+
+
+def test_task_satisfies_protocol(task):
+    assert isinstance(task, TunableTask)
+
+
+def test_failures_are_recorded_and_the_batch_goes_on(task, builder, runner, tmp_path):
+    configs = [cfg(), cfg(fault="build_error"), cfg(fault="build_hang"), cfg(fault="crash"),
+               cfg(4, 32, False), cfg(fault="run_hang"), cfg(fault="wrong"), cfg(16, 8)]
+    expected = [None, "build_error", "build_timeout", "runtime_crash", None, "run_timeout",
+                "wrong_result", None]
+    path = tmp_path / "records.jsonl"
+    lines_when_delivered: list[int] = []
+
+    def seen(index: int, result: MeasureResult) -> None:
+        # written and flushed before the candidate is reported, so a kill loses nothing
+        lines_when_delivered.append(len(path.read_text().splitlines()))
+
+    with RecordWriter(path) as writer:
+        results = measure_batch(builder, runner, [MeasureInput(task, c) for c in configs],
+                                writer, callback=seen)
+
+    kinds = [r.error_kind for r in results]
+    assert kinds == expected, [r.error for r in results]
+    for r, kind in zip(results, expected, strict=True):
+        if kind is None:
+            assert r.ok and len(r.costs_s) == 2 and all(c > 0 for c in r.costs_s)
+            assert 0 < r.cost < 0.1
+        else:
+            assert not r.ok and r.costs_s == [] and r.cost == float("inf")
+    assert "max abs err" in results[6].error
+    assert "SIGSEGV" in results[3].error
+    assert lines_when_delivered == list(range(1, len(configs) + 1))
+
+    records, skipped = load_records(path)
+    assert skipped == 0 and len(records) == len(configs)
+    for rec, c, res in zip(records, configs, results, strict=True):
+        assert rec.config == c.to_json() and rec.workload == task.workload
+        assert rec.target == task.target and rec.error == res.error
+        assert rec.costs_s == res.costs_s
+    assert json.loads(path.read_text().splitlines()[0])["config"]["tile_i"] == [8, 8]
+
+
+def test_workers_serve_the_next_batch(task, builder, runner):
+    # after the kills above (or on a fresh pool) the same builder and runner go on
+    results = measure_batch(builder, runner, [MeasureInput(task, cfg(2, 32)),
+                                              MeasureInput(task, cfg(fault="crash")),
+                                              MeasureInput(task, cfg(8, 8, False))])
+    assert [r.error_kind for r in results] == [None, "runtime_crash", None]
+    assert all(r.all_cost > 0 and r.timestamp > 0 for r in results)
+
+
+def test_measure_module_imports_without_tvm():
+    # the running side ships with the TVM runtime only; importing it loads no tvm
+    code = ("import sys, autotune.measure, autotune.task; "
+            "sys.exit(1 if 'tvm' in sys.modules else 0)")
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+def test_compare_outputs():
+    ref = np.array([[1.0, -2.0], [3.0, 1e-6]], dtype="float32")
+    assert compare_outputs([ref + 1e-5], [ref], 1e-3, 1e-4) is None
+    assert "max abs err 0.5" in compare_outputs([ref + 0.5], [ref], 1e-3, 1e-4)
+    nan = ref.copy()
+    nan[0, 0] = np.nan
+    assert "max abs err inf" in compare_outputs([nan], [ref], 1e-3, 1e-4)
+    assert "shape" in compare_outputs([ref[:1]], [ref], 1e-3, 1e-4)
+    assert compare_outputs([np.array([True])], [np.array([False])], 0, 0) is not None
+
+
+def test_worker_pool_survives_its_jobs():
+    # stdlib functions as jobs: the workers need not import tvm, so this is quick
+    with_pool = WorkerPool(2, warm_imports=())
+    try:
+        out = with_pool.map(math.sqrt, [4.0, -1.0, 9.0], timeout_s=30)
+        assert [(o.status, o.value) for o in out] == [
+            ("ok", 2.0), ("error", "ValueError: math domain error"), ("ok", 3.0)]
+        died = with_pool.map(signal.raise_signal, [signal.SIGSEGV], timeout_s=30)[0]
+        assert (died.status, died.value) == ("died", "signal SIGSEGV")
+        out = with_pool.map(time.sleep, [0.01, 60, 0.01], timeout_s=1.5)
+        assert [o.status for o in out] == ["ok", "timeout", "ok"]
+        bad = with_pool.map(math.sqrt, [lambda: 0], timeout_s=30)[0]
+        assert bad.status == "error" and "cannot send the job" in bad.value
+        assert with_pool.restarts == 2
+    finally:
+        with_pool.close()

@@ -28,6 +28,26 @@ def median_ms(fn: Callable[[], object], min_runs: int = 10, min_seconds: float =
     return statistics.median(times) * 1e3
 
 
+def interleaved_ms(fns: dict[str, Callable[[], object]], rounds: int = 7,
+                   seconds_per_round: float = 0.3, warmup: int = 3) -> dict[str, float]:
+    """Median wall time (ms) of each function, measured in interleaved rounds so that
+    a slow phase of a shared machine hits every competitor alike."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            deadline = time.perf_counter() + seconds_per_round
+            runs = 0
+            while runs < 2 or time.perf_counter() < deadline:
+                start = time.perf_counter()
+                fn()
+                samples[name].append(time.perf_counter() - start)
+                runs += 1
+    return {name: statistics.median(times) * 1e3 for name, times in samples.items()}
+
+
 def host_line() -> str:
     cpu = platform.processor() or platform.machine()
     try:

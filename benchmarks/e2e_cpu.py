@@ -17,7 +17,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import tecc  # noqa: E402
-from benchmarks.common import host_line, median_ms, write_table  # noqa: E402
+from benchmarks.common import host_line, interleaved_ms, write_table  # noqa: E402
 from tests.models import example_models  # noqa: E402
 from tests.util import max_rel_error  # noqa: E402
 
@@ -43,6 +43,8 @@ def main() -> None:
     parser.add_argument("--models", default="mlp,resnet18,mobilenet_v2,transformer_layer,bert")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--output", default="e2e_cpu")
+    parser.add_argument("--records", default=None,
+                        help="tuning records (file or folder) to compile with")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     models = example_models(batch=1)
@@ -50,28 +52,31 @@ def main() -> None:
     for name in args.models.split(","):
         model, inputs = models[name]
         print(f"== {name}", flush=True)
+        competitors = {}
         with torch.no_grad():
             expected = model(*inputs)
-            eager = median_ms(lambda: model(*inputs))  # noqa: B023
+            competitors["eager"] = lambda: model(*inputs)  # noqa: B023
             try:
                 compiled_torch = torch.compile(model)
                 compiled_torch(*inputs)
-                inductor = median_ms(lambda: compiled_torch(*inputs))  # noqa: B023
+                competitors["inductor"] = lambda: compiled_torch(*inputs)  # noqa: B023
             except Exception as err:  # a competitor failing is reported, not fatal
                 print(f"torch.compile failed: {err}")
-                inductor = float("nan")
         try:
-            ort_run = onnxruntime_session(model, inputs, args.threads)
-            ort_ms = median_ms(ort_run)
+            competitors["ort"] = onnxruntime_session(model, inputs, args.threads)
         except Exception as err:
             print(f"ONNX Runtime failed: {type(err).__name__}: {err}")
-            ort_ms = float("nan")
         start = time.perf_counter()
-        cm = tecc.compile(model, inputs)
+        cm = tecc.compile(model, inputs, records=args.records)
         compile_s = time.perf_counter() - start
         np_inputs = [x.numpy() for x in inputs]
         error = max_rel_error(cm(*inputs), expected)
-        tecc_ms = median_ms(lambda: cm(*np_inputs))  # noqa: B023
+        competitors["tecc"] = lambda: cm(*np_inputs)  # noqa: B023
+
+        with torch.no_grad():
+            times = interleaved_ms(competitors)
+        eager, tecc_ms = times["eager"], times["tecc"]
+        inductor, ort_ms = times.get("inductor", float("nan")), times.get("ort", float("nan"))
         rows.append([name, f"{eager:.3f}", f"{inductor:.3f}", f"{ort_ms:.3f}", f"{tecc_ms:.3f}",
                      f"{eager / tecc_ms:.2f}x", f"{ort_ms / tecc_ms:.2f}x",
                      f"{len(cm.plan['kernels'])}", f"{compile_s:.0f}", f"{error:.1e}"])
@@ -82,7 +87,9 @@ def main() -> None:
          "tecc vs ORT", "kernel calls", "tecc compile s", "max rel err"],
         rows,
         [f"Host: {host_line()}; {args.threads} threads for every framework.",
-         f"torch {torch.__version__}, tecc {tecc.__version__} (untuned, fallback schedules).",
+         f"torch {torch.__version__}, tecc {tecc.__version__}, tuning records: "
+         f"{args.records or 'none (fallback configs)'}.",
+         "Medians over interleaved rounds (every competitor measured in each round).",
          "Ratios above 1 mean tecc is faster. Command: `python benchmarks/e2e_cpu.py`."],
     )
 

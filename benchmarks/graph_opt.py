@@ -16,7 +16,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import tecc  # noqa: E402
-from benchmarks.common import host_line, median_ms, write_table  # noqa: E402
+from benchmarks.common import host_line, interleaved_ms, write_table  # noqa: E402
 from tests.models import example_models  # noqa: E402
 from tests.util import max_rel_error  # noqa: E402
 
@@ -39,15 +39,18 @@ def main() -> None:
         print(f"== {name}", flush=True)
         with torch.no_grad():
             expected = model(*inputs)
-            eager = median_ms(lambda: model(*inputs))  # noqa: B023
         np_inputs = [x.numpy() for x in inputs]
-        result = {}
+        compiled, summaries, errors = {}, {}, {}
         for level in (0, 3):
-            cm = tecc.compile(model, inputs, opt_level=level)
-            summary = cm.summary()
-            error = max_rel_error(cm(*inputs), expected)
-            result[level] = (summary, median_ms(lambda: cm(*np_inputs)), error)  # noqa: B023
-        (s0, t0, e0), (s3, t3, e3) = result[0], result[3]
+            compiled[level] = tecc.compile(model, inputs, opt_level=level)
+            summaries[level] = compiled[level].summary()
+            errors[level] = max_rel_error(compiled[level](*inputs), expected)
+        with torch.no_grad():
+            times = interleaved_ms({"eager": lambda: model(*inputs),  # noqa: B023
+                                    "opt0": lambda: compiled[0](*np_inputs),  # noqa: B023
+                                    "opt3": lambda: compiled[3](*np_inputs)})  # noqa: B023
+        eager, t0, t3 = times["eager"], times["opt0"], times["opt3"]
+        (s0, e0), (s3, e3) = (summaries[0], errors[0]), (summaries[3], errors[3])
         rows.append([name, str(s0.kernel_calls), str(s3.kernel_calls),
                      mib(s0.memory["naive_bytes"]), mib(s3.memory["planned_bytes"]),
                      f"{eager:.3f}", f"{t0:.3f}", f"{t3:.3f}", f"{t0 / t3:.2f}x",

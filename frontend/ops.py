@@ -213,6 +213,14 @@ def _dense_rel(types: list[Type], attrs: Attrs) -> Type:
     return TensorType(x.shape[:-1] + (w.shape[0],), x.dtype)
 
 
+def _dense_pack_rel(types: list[Type], attrs: Attrs) -> Type:
+    x, w = _arity(types, 2)
+    if w.ndim != 3 or x.shape[-1] != w.shape[1]:
+        raise IRTypeError(f"dense_pack: input {x.shape} and packed weight {w.shape} "
+                          "(N/nb, K, nb) do not match")
+    return TensorType(x.shape[:-1] + (w.shape[0] * w.shape[2],), x.dtype)
+
+
 def _matmul_rel(types: list[Type], attrs: Attrs) -> Type:
     a, b = _arity(types, 2)
     if a.ndim < 2 or b.ndim < 2:
@@ -448,6 +456,8 @@ register_op("nn.conv2d_NCHWc", _conv2d_nchwc_rel, Pattern.OUT_ELEMWISE_FUSABLE, 
 register_op("nn.bias_add", _bias_add_rel, Pattern.BROADCAST, 2, {"axis": 1})
 register_op("nn.dense", _dense_rel, Pattern.OUT_ELEMWISE_FUSABLE, 2,
             doc="x @ w.T with w of shape (N, K), as torch's linear")
+register_op("nn.dense_pack", _dense_pack_rel, Pattern.OUT_ELEMWISE_FUSABLE, 2,
+            doc="dense with its weight packed at compile time: w[N/nb, K, nb]")
 register_op("nn.matmul", _matmul_rel, Pattern.OUT_ELEMWISE_FUSABLE, 2,
             {"transpose_a": False, "transpose_b": False},
             doc="(batched) matrix product with numpy broadcasting of the batch dimensions")

@@ -225,6 +225,13 @@ def _dense(args, attrs, ty):
     return np.matmul(x, w.T)
 
 
+@evaluator("nn.dense_pack")
+def _dense_pack(args, attrs, ty):
+    x, wp = args
+    nc, k, nb = wp.shape
+    return np.matmul(x, wp.transpose(0, 2, 1).reshape(nc * nb, k).T)
+
+
 @evaluator("nn.matmul")
 def _matmul(args, attrs, ty):
     a, b = args

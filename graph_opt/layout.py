@@ -25,8 +25,11 @@ vector lanes dividing the output channels (per group); a conv whose channels all
 none stays an NCHW conv2d. The lanes come from the Function attribute
 `cpu_vector_lanes` (set by the driver from the target; 8 when absent, 0 disables the
 pass). graph_opt imports neither tvm nor the schedules, so the target reaches this
-pass only through that attribute. `make_convert_layout(block_fn=...)` gives a pass
-with another per-layer choice (the hook for tuning the block as a knob).
+pass only through that attribute. `make_convert_layout(block_fn=..., conv_blocks_fn=...)` gives a pass
+with another per-layer choice: the driver passes a conv_blocks_fn that returns the
+(ic_bn, oc_bn) of the layer's tuned config (the blocks are knobs of the conv
+templates, AutoTVM-style), and the data is transformed to the wanted input block
+where its producer's block differs.
 """
 
 from __future__ import annotations
@@ -56,6 +59,9 @@ SPATIAL_REDUCTIONS = ("sum", "mean", "max", "min")
 
 # (conv call, output channels to block, lanes) -> block, or None to keep NCHW
 BlockFn = Callable[[Call, int, int], "int | None"]
+# (conv call, block of its input as produced or None) -> (ic_bn, oc_bn) the conv's
+# schedule config wants (a tuning record), or None for the default choice above
+ConvBlocksFn = Callable[[Call, "int | None"], "tuple[int, int] | None"]
 
 
 def layout_name(block: int | None) -> str:
@@ -112,7 +118,11 @@ def default_out_block(conv: Call, channels: int, lanes: int) -> int | None:
     two vectors times 4-6 columns (8-12 accumulators) is what fits; on 14 or 7
     columns (and with AVX-512's 16 lanes) one vector with 7-14 columns measured
     faster (ResNet-18, 2 cores: 256ch 14x14 77 vs 49 GFLOP/s, 512ch 7x7 67 vs 28)."""
-    width = conv.shape[3]
+    return default_out_block_for(conv.shape[3], channels, lanes)
+
+
+def default_out_block_for(width: int, channels: int, lanes: int) -> int | None:
+    """default_out_block from the output width alone (the conv template's fallback)."""
     for b in out_block_candidates(lanes):
         if channels % b:
             continue
@@ -139,9 +149,11 @@ def in_block(channels: int, lanes: int) -> int:
 
 
 class _Converter:
-    def __init__(self, lanes: int, block_fn: BlockFn) -> None:
+    def __init__(self, lanes: int, block_fn: BlockFn,
+                 conv_blocks_fn: ConvBlocksFn | None = None) -> None:
         self.lanes = lanes
         self.block_fn = block_fn
+        self.conv_blocks_fn = conv_blocks_fn
         self.new: dict[int, tuple[Expr, int | None]] = {}  # old id -> (expr, block)
         self.transformed: dict[tuple[int, int | None], Expr] = {}
 
@@ -223,8 +235,11 @@ class _Converter:
         o = node.shape[1]
         ipg, opg = c // groups, o // groups
         attrs = dict(node.attrs)
+        wanted = self.conv_blocks_fn(node, xb) if self.conv_blocks_fn is not None else None
         if groups > 1 and groups == c == o:  # depthwise
-            if xb is not None and xb in out_block_candidates(self.lanes):
+            if wanted is not None and c % wanted[1] == 0:
+                block = wanted[1]
+            elif xb is not None and xb in out_block_candidates(self.lanes):
                 block = xb
             else:
                 block = self.block_fn(node, c, self.lanes)
@@ -234,10 +249,13 @@ class _Converter:
             packed = pack_depthwise_weight(weight.data, block)
             attrs.update(data_layout=layout_name(block), out_layout=layout_name(block))
             return Call("nn.conv2d_NCHWc", [data, Constant(packed)], attrs, node.span), block
-        oc = self.block_fn(node, opg if groups > 1 else o, self.lanes)
-        if oc is None:
-            return None
-        ic = xb if xb is not None and ipg % xb == 0 else in_block(ipg, self.lanes)
+        if wanted is not None and ipg % wanted[0] == 0 and opg % wanted[1] == 0:
+            ic, oc = wanted
+        else:
+            oc = self.block_fn(node, opg if groups > 1 else o, self.lanes)
+            if oc is None:
+                return None
+            ic = xb if xb is not None and ipg % xb == 0 else in_block(ipg, self.lanes)
         data = self.as_layout(x, xb, ic)
         packed = pack_conv_weight(weight.data, ic, oc)
         attrs.update(data_layout=layout_name(ic), out_layout=layout_name(oc))
@@ -323,14 +341,15 @@ def _reshaped(expr: Expr, shape: tuple[int, ...]) -> Expr:
 
 
 def convert_layout(func: Function, lanes: int | None = None,
-                   block_fn: BlockFn | None = None) -> Function:
+                   block_fn: BlockFn | None = None,
+                   conv_blocks_fn: ConvBlocksFn | None = None) -> Function:
     """`func` with its convolutions in NCHW{c}c (see the module docstring). `lanes`
     defaults to the Function's `cpu_vector_lanes` attribute; 0 returns `func`."""
     if lanes is None:
         lanes = int(func.attrs.get(LANES_ATTR, DEFAULT_LANES))
     if lanes <= 0:
         return func
-    conv = _Converter(lanes, block_fn or default_out_block)
+    conv = _Converter(lanes, block_fn or default_out_block, conv_blocks_fn)
     for node in post_order(func.body):
         conv.new[id(node)] = conv.visit(node)
     body = conv.nchw(func.body)
@@ -339,10 +358,13 @@ def convert_layout(func: Function, lanes: int | None = None,
     return Function(func.params, body, func.attrs)
 
 
-def make_convert_layout(lanes: int | None = None,
-                        block_fn: BlockFn | None = None) -> Callable[[Function], Function]:
-    """A pass function with a fixed lane count and/or another per-layer block choice."""
-    return lambda func: convert_layout(func, lanes, block_fn)
+def make_convert_layout(lanes: int | None = None, block_fn: BlockFn | None = None,
+                        conv_blocks_fn: ConvBlocksFn | None = None
+                        ) -> Callable[[Function], Function]:
+    """A pass function with a fixed lane count and/or another per-layer block choice
+    (`block_fn`: the output block; `conv_blocks_fn`: both blocks a tuned config
+    wants, the input brought to its block by a layout_transform where needed)."""
+    return lambda func: convert_layout(func, lanes, block_fn, conv_blocks_fn)
 
 
 @register_pass("convert_layout_nchwc", opt_level=3)

@@ -7,7 +7,14 @@ from collections.abc import Sequence
 from frontend.ir import Function
 
 # Importing the pass modules registers the passes.
-from graph_opt import cse, fold_batch_norm, fold_constant, layout, simplify  # noqa: F401
+from graph_opt import (  # noqa: F401
+    cse,
+    dense_pack,
+    fold_batch_norm,
+    fold_constant,
+    layout,
+    simplify,
+)
 from graph_opt.pass_manager import Pass, PassTrace, get_pass, run_passes
 
 
@@ -17,9 +24,11 @@ def optimization_pipeline() -> list[Pass]:
     constant folding so that the new weights are final; constant folding exposes new
     identities (a folded reshape/transpose chain), hence a second simplify; CSE then
     sees the simplest graph, and DCE drops what merging left unreachable. The CPU
-    layout pass comes last, on the final weights, right before fusion."""
+    layout pass and the dense weight packing come last, on the final weights, right
+    before fusion."""
     names = ["simplify", "fold_batch_norm", "fold_constants", "simplify",
-             "eliminate_common_subexpr", "eliminate_dead_code", "convert_layout_nchwc"]
+             "eliminate_common_subexpr", "eliminate_dead_code", "convert_layout_nchwc",
+             "pack_dense_weights"]
     return [get_pass(n) for n in names]
 
 

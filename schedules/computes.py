@@ -228,7 +228,7 @@ def _bias_add(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
 
 
 def _reduce_compute(x: te.Tensor, axes: tuple[int, ...], keepdims: bool,
-                    combine: Callable, name: str) -> te.Tensor:
+                    combine: Callable, name: str, anchor: str | None = None) -> te.Tensor:
     """out[kept...] = combine(x[...], axis=reduce_axes). Spatial axes keep their
     order, which keeps the reduce axes innermost in the generated loop nest."""
     shape = _shape(x)
@@ -248,7 +248,8 @@ def _reduce_compute(x: te.Tensor, axes: tuple[int, ...], keepdims: bool,
                 full.append(next(it))
         return combine(x[tuple(full)], axis=list(rvars.values()))
 
-    return te.compute(tuple(out_shape), body, name=name)
+    return te.compute(tuple(out_shape), body, name=name,
+                      attrs={ANCHOR_ATTR: anchor} if anchor else None)
 
 
 def _reduction(op_name: str, combine: Callable) -> None:
@@ -258,7 +259,7 @@ def _reduction(op_name: str, combine: Callable) -> None:
         axes = reduce_axes(attrs, x.ndim)
         if not axes:  # nothing to reduce: torch returns the input
             return te.compute(_out(out_type).shape, lambda *i: x[i], name=op_name)
-        return _reduce_compute(x, axes, attrs["keepdims"], combine, op_name)
+        return _reduce_compute(x, axes, attrs["keepdims"], combine, op_name, anchor="reduce")
 
 
 _prod = te.comm_reducer(lambda a, b: a * b, lambda t: const(1, t), name="prod")
@@ -278,7 +279,7 @@ def _mean(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
     axes = reduce_axes(attrs, x.ndim)
     if not axes:
         return te.compute(_out(out_type).shape, lambda *i: x[i], name="mean")
-    s = _reduce_compute(x, axes, attrs["keepdims"], te.sum, "mean_sum")
+    s = _reduce_compute(x, axes, attrs["keepdims"], te.sum, "mean_sum", anchor="reduce")
     n = const(float(_count(x, axes)), x.dtype)
     return te.compute(s.shape, lambda *i: s[i] / n, name="mean")
 
@@ -290,7 +291,7 @@ def _variance(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
     d = x.dtype
     n = _count(x, axes)
     # two passes (mean, then squared deviations) for precision, as torch does
-    mean = _reduce_compute(x, axes, True, te.sum, "var_sum")
+    mean = _reduce_compute(x, axes, True, te.sum, "var_sum", anchor="variance")
     dev = te.compute(x.shape, lambda *i: x[i] - mean[tuple(_bcast_index(mean, i))] / _c(n, d),
                      name="var_dev")
     sq = _reduce_compute(te.compute(x.shape, lambda *i: dev[i] * dev[i], name="var_sq"),
@@ -340,6 +341,19 @@ def _dense(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
                       name="dense", attrs={ANCHOR_ATTR: "dense"})
 
 
+@register_compute("nn.dense_pack")
+def _dense_pack(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    """x[..., K] x w[N/nb, K, nb] (packed at compile time) -> [..., N]."""
+    x, w = args
+    out = _out(out_type)
+    nb = _shape(w)[2]
+    k = te.reduce_axis((0, _shape(w)[1]), name="k")
+    return te.compute(
+        out.shape,
+        lambda *i: te.sum(x[i[:-1] + (k,)] * w[i[-1] // nb, k, i[-1] % nb], axis=k),
+        name="dense_pack", attrs={ANCHOR_ATTR: "dense_pack"})
+
+
 @register_compute("nn.matmul")
 def _matmul(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
     a, b = args
@@ -360,8 +374,9 @@ def _matmul(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
         bi = batch_idx(b, bidx) + ([n, k] if tb else [k, n])
         return te.sum(a[tuple(ai)] * b[tuple(bi)], axis=k)
 
+    kind = "batch_matmul" if nb else "matmul"
     return te.compute(out.shape, body, name="matmul",
-                      attrs={ANCHOR_ATTR: "matmul_nt" if tb else "matmul"})
+                      attrs={ANCHOR_ATTR: kind + "_nt" if tb else kind})
 
 
 def _pool_geometry(x: te.Tensor, attrs: Attrs, out: TensorType):
@@ -437,7 +452,23 @@ def _avg_pool2d(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tenso
 
 @register_compute("nn.adaptive_avg_pool2d")
 def _adaptive_avg_pool2d(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
-    return topi.nn.adaptive_pool(args[0], tuple(attrs["output_size"]), "avg", attrs["layout"])
+    (x,) = args
+    out = _out(out_type)
+    h, w = _shape(x)[2:4]
+    oh, ow = out.shape[2], out.shape[3]
+    if h % oh or w % ow:  # windows of varying size: topi's compute, generic schedule
+        return topi.nn.adaptive_pool(x, tuple(attrs["output_size"]), "avg", attrs["layout"])
+    # Equal windows (global pooling among them): a plain window sum, as topi computes
+    # it, tagged so that the pool template schedules it.
+    kh, kw = h // oh, w // ow
+    rh = te.reduce_axis((0, kh), name="rh")
+    rw = te.reduce_axis((0, kw), name="rw")
+    s = te.compute(out.shape,
+                   lambda *i: te.sum(x[(i[0], i[1], i[2] * kh + rh, i[3] * kw + rw, *i[4:])],
+                                     axis=[rh, rw]),
+                   name="adaptive_pool_sum", attrs={ANCHOR_ATTR: "pool"})
+    n = const(float(kh * kw), x.dtype)
+    return te.compute(out.shape, lambda *i: s[i] / n, name="adaptive_pool_avg")
 
 
 # ---------------------------------------------------------------- blocked (NCHW{c}c) layout
@@ -500,7 +531,7 @@ def _conv2d_nchwc(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Ten
     return te.compute(out.shape, body, name="conv2d_NCHWc", attrs={ANCHOR_ATTR: "conv2d_NCHWc"})
 
 
-def _softmax_parts(x: te.Tensor, axis: int):
+def _softmax_parts(x: te.Tensor, axis: int, anchor: str):
     shape = _shape(x)
     k1 = te.reduce_axis((0, shape[axis]), name="k1")
     k2 = te.reduce_axis((0, shape[axis]), name="k2")
@@ -509,7 +540,8 @@ def _softmax_parts(x: te.Tensor, axis: int):
     def at(i, k):
         return x[tuple(i[:axis]) + (k,) + tuple(i[axis:])]
 
-    mx = te.compute(red_shape, lambda *i: te.max(at(i, k1), axis=k1), name="softmax_max")
+    mx = te.compute(red_shape, lambda *i: te.max(at(i, k1), axis=k1), name="softmax_max",
+                    attrs={ANCHOR_ATTR: anchor})
     es = te.compute(red_shape, lambda *i: te.sum(tvm.tirx.exp(at(i, k2) - mx[i]), axis=k2),
                     name="softmax_expsum")
 
@@ -523,7 +555,7 @@ def _softmax_parts(x: te.Tensor, axis: int):
 def _softmax(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
     (x,) = args
     axis = normalize_axis(attrs["axis"], x.ndim)
-    mx, es, red = _softmax_parts(x, axis)
+    mx, es, red = _softmax_parts(x, axis, "softmax")
     return te.compute(x.shape, lambda *i: tvm.tirx.exp(x[i] - mx[red(i)]) / es[red(i)],
                       name="softmax")
 
@@ -532,7 +564,7 @@ def _softmax(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
 def _log_softmax(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
     (x,) = args
     axis = normalize_axis(attrs["axis"], x.ndim)
-    mx, es, red = _softmax_parts(x, axis)
+    mx, es, red = _softmax_parts(x, axis, "log_softmax")
     return te.compute(x.shape, lambda *i: x[i] - mx[red(i)] - tvm.tirx.log(es[red(i)]),
                       name="log_softmax")
 
@@ -543,7 +575,7 @@ def _layer_norm(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tenso
     d = x.dtype
     axis = x.ndim - 1
     n = _shape(x)[axis]
-    s = _reduce_compute(x, (axis,), False, te.sum, "ln_sum")
+    s = _reduce_compute(x, (axis,), False, te.sum, "ln_sum", anchor="layer_norm")
     mean = te.compute(s.shape, lambda *i: s[i] / _c(float(n), d), name="ln_mean")
     k = te.reduce_axis((0, n), name="kv")
     var = te.compute(

@@ -19,11 +19,16 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import tvm
 from tvm.s_tir.schedule import Schedule
 
-from schedules.target import vector_lanes
+from schedules.space import Config, ConfigSpace
+from schedules.target import num_cores, vector_lanes
+from schedules.template import ScheduleContext, Template, load_templates
 
 log = logging.getLogger(__name__)
 
@@ -81,23 +86,55 @@ def _largest_divisor(n: int, limit: int, pow2: bool = False) -> int:
 # ---------------------------------------------------------------- entry point
 
 
-def default_schedule(sch: Schedule, target: tvm.target.Target) -> Schedule:
-    """Schedule every block of `sch` for `target`; returns the (possibly new) Schedule."""
+@dataclass
+class AppliedTemplate:
+    """What a template did to one anchor block: for cm.tasks() and the tuner."""
+
+    block: str
+    kind: str
+    template: str
+    workload: dict[str, Any] | None
+    space_size: int
+    config: dict[str, Any] | None  # the config's JSON (None: the template failed)
+    source: str  # "fallback", "exact", "compatible", "given", "generic" (template refused)
+    error: str | None = None
+
+
+# (ctx, template, space) -> (config or None for the fallback, its source)
+ConfigChooser = Callable[[ScheduleContext, Template, ConfigSpace], "tuple[Config | None, str]"]
+
+
+def default_schedule(sch: Schedule, target: tvm.target.Target,
+                     choose: ConfigChooser | None = None,
+                     workloads: dict[str, dict[str, Any]] | None = None,
+                     applied: list[AppliedTemplate] | None = None) -> Schedule:
+    """Schedule every block of `sch` for `target`; returns the (possibly new) Schedule.
+
+    Anchors whose kind has a registered template (schedules/template.py) get it, with
+    the config `choose` gives (None: the template's fallback); `workloads` maps an
+    anchor block's name to its workload dict; `applied` collects what was done."""
     if target.kind.name != "llvm":
         return sch  # GPU schedules are a later milestone; the naive nest is correct
+    templates = load_templates()
     lanes = vector_lanes(target)
+    cores = num_cores(target)
     _inline_injective(sch)
     for block in _root_blocks(sch):
         kind = _anchor_kind(sch, block)
         if kind is None:
             continue
         name = _block_name(sch, block)
-        template = _TEMPLATES.get(kind)
-        if template is None:
+        template = templates.get(kind)
+        if template is not None:
+            sch = _apply_template(sch, name, kind, template, target, lanes, cores, choose,
+                                  (workloads or {}).get(name), applied)
+            continue
+        legacy = _TEMPLATES.get(kind)
+        if legacy is None:
             continue
         trial = sch.copy()
         try:
-            template(trial, trial.get_sblock(name), lanes)
+            legacy(trial, trial.get_sblock(name), lanes)
         except Exception as err:  # noqa: BLE001 - any refusal means: keep generic
             log.debug("template %s failed on %s, generic schedule: %s", kind, name, err)
             continue
@@ -105,6 +142,59 @@ def default_schedule(sch: Schedule, target: tvm.target.Target) -> Schedule:
     for block in _root_blocks(sch):
         if not _is_scheduled(sch, block):
             _generic(sch, block, lanes)
+    return sch
+
+
+def _apply_template(sch: Schedule, name: str, kind: str, template: Template,
+                    target: tvm.target.Target, lanes: int, cores: int,
+                    choose: ConfigChooser | None, workload: dict[str, Any] | None,
+                    applied: list[AppliedTemplate] | None) -> Schedule:
+    """Run `template` on a copy of `sch`: the chosen config, else the fallback, else
+    leave the block to the generic schedule."""
+
+    def context(s: Schedule) -> ScheduleContext:
+        return ScheduleContext(s, s.get_sblock(name), target, lanes, cores, kind, workload)
+
+    def note(space_size: int, config: Config | None, source: str, error: str | None) -> None:
+        if applied is not None:
+            applied.append(AppliedTemplate(
+                name, kind, template.name, workload, space_size,
+                None if config is None else config.to_json(), source, error))
+
+    try:
+        ctx = context(sch.copy())
+        space = template.define_space(ctx)
+        fallback = template.fallback(space, ctx)
+    except Exception as err:  # noqa: BLE001
+        log.warning("template %s cannot schedule %s: %s", template.name, name, err)
+        note(0, None, "generic", f"{type(err).__name__}: {err}")
+        return sch
+    attempts: list[tuple[Config, str]] = []
+    if choose is not None:
+        try:
+            config, source = choose(ctx, template, space)
+        except Exception as err:  # noqa: BLE001 - a record that does not fit this space
+            log.warning("config for %s (%s) unusable, fallback: %s", name, template.name, err)
+            config, source = None, "fallback"
+        if config is not None:
+            if template.accepts(ctx, config):
+                attempts.append((config, source))
+            else:
+                log.info("config for %s does not fit the kernel's layout; fallback", name)
+    attempts.append((fallback, "fallback"))
+    error = None
+    for config, source in attempts:
+        trial = sch.copy()
+        try:
+            template.apply(context(trial), config)
+        except Exception as err:  # noqa: BLE001 - a refusal: next attempt
+            error = f"{type(err).__name__}: {err}"
+            log.warning("template %s failed on %s with %s config %s: %s", template.name,
+                        name, source, config.to_json(), err)
+            continue
+        note(len(space), config, source, None)
+        return trial
+    note(len(space), None, "generic", error)
     return sch
 
 
@@ -306,7 +396,8 @@ def _dense_like(sch: Schedule, block, lanes: int, pack_weight: bool) -> None:
 def _pack_map(block, nb: int):
     """Index map packing operand B of a dense-like block to [..., N/nb, K, nb]:
     B[..., n, k] for dense and matmul_nt, B[..., k, n] for matmul."""
-    n_major = str(block.annotations[ANCHOR_ATTR]) in ("dense", "matmul_nt")
+    kind = str(block.annotations[ANCHOR_ATTR])
+    n_major = kind == "dense" or kind.endswith("_nt")
 
     def index_map(*idx):
         *batch, a, b = idx

@@ -1,7 +1,13 @@
 """Lower a primitive IR Function (one kernel's worth of ops) to a scheduled TIR PrimFunc.
 
 Interface (used by tecc/build.py):
-    lower_primitive(func, name, target) -> tvm.tirx.PrimFunc
+    lower_primitive(func, name, target, config=None) -> tvm.tirx.PrimFunc
+    lower_primitive(func, name, target, config, return_info=True)
+        -> (PrimFunc, [AppliedTemplate: block, kind, template, workload, space size,
+                       config JSON, source])
+`config` picks the anchor's schedule config: None (the template's fallback), a
+Config or its JSON dict (for the kernel's one anchor), or a callback
+`workload dict -> config JSON | (config JSON, source) | None`.
 `func.params` are the kernel inputs in order; the body is Calls (and Tuple /
 TupleGetItem) over those params and size-1 Constants (scalars, inlined as immediates).
 The PrimFunc's arguments are the params followed by the outputs (one, or one per
@@ -10,20 +16,29 @@ field when the body is a Tuple), and its "global_symbol" is `name`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import tvm
 from tvm import te
 from tvm.s_tir.schedule import Schedule
 
 from frontend.ir import Call, Constant, Expr, Function, Tuple, TupleGetItem, Var, post_order
-from schedules.computes import get_compute, scalar_constant
-from schedules.default import default_schedule
+from schedules.computes import ANCHOR_ATTR, get_compute, scalar_constant
+from schedules.default import AppliedTemplate, default_schedule
+from schedules.space import Config, ConfigSpace
+from schedules.template import ScheduleContext, Template, load_templates
+
+ConfigArg = Config | dict | Callable[[dict], Any] | None
 
 TensorOrTuple = te.Tensor | list[te.Tensor]
 
 
-def build_te(func: Function, target: tvm.target.Target) -> tuple[list[te.Tensor],
-                                                                   list[te.Tensor]]:
-    """The TE graph of `func`: (placeholders in param order, output tensors)."""
+def build_te(func: Function, target: tvm.target.Target,
+             anchors: dict[str, tuple[Call, str]] | None = None
+             ) -> tuple[list[te.Tensor], list[te.Tensor]]:
+    """The TE graph of `func`: (placeholders in param order, output tensors).
+    `anchors`, when given, receives anchor op name -> (IR call, anchor kind)."""
     placeholders = [te.placeholder(p.shape, p.dtype, name=f"p{i}_{_safe(p.name)}")
                     for i, p in enumerate(func.params)]
     env: dict[int, TensorOrTuple] = {id(p): t for p, t in zip(func.params, placeholders,
@@ -33,9 +48,34 @@ def build_te(func: Function, target: tvm.target.Target) -> tuple[list[te.Tensor]
             if id(node) in env:
                 continue
             env[id(node)] = _lower_node(node, env)
+            if anchors is not None and isinstance(node, Call):
+                _note_anchors(node, env, anchors)
     result = env[id(func.body)]
     outputs = list(result) if isinstance(result, list) else [result]
     return placeholders, _distinct_outputs(outputs, placeholders)
+
+
+def _note_anchors(node: Call, env: dict[int, TensorOrTuple],
+                  anchors: dict[str, tuple[Call, str]]) -> None:
+    """Record the anchor ops `node`'s compute created (walking back to its inputs)."""
+    result = env[id(node)]
+    stack = list(result) if isinstance(result, list) else [result]
+    stop = set()
+    for a in node.args:
+        t = env.get(id(a))
+        if isinstance(t, te.Tensor):
+            stop.add(t.op)
+    seen = set()
+    while stack:
+        t = stack.pop()
+        op = t.op
+        if op in seen or op in stop:
+            continue
+        seen.add(op)
+        attrs = getattr(op, "attrs", None)
+        if attrs is not None and ANCHOR_ATTR in attrs:
+            anchors.setdefault(op.name, (node, str(attrs[ANCHOR_ATTR])))
+        stack.extend(op.input_tensors)
 
 
 def _safe(name: str) -> str:
@@ -86,12 +126,67 @@ def _distinct_outputs(outputs: list[te.Tensor], inputs: list[te.Tensor]) -> list
     return result
 
 
-def lower_primitive(func: Function, name: str, target: tvm.target.Target) -> tvm.tirx.PrimFunc:
-    placeholders, outputs = build_te(func, target)
+def lower_primitive(func: Function, name: str, target: tvm.target.Target,
+                    config: ConfigArg = None, return_info: bool = False):
+    """The scheduled PrimFunc of `func` (see the module docstring); with
+    `return_info`, also the list of AppliedTemplate (which config each anchor used)."""
+    anchors: dict[str, tuple[Call, str]] = {}
+    placeholders, outputs = build_te(func, target, anchors)
     prim = te.create_prim_func(placeholders + outputs)
     sch = Schedule(tvm.IRModule({"main": prim}))
-    sch = default_schedule(sch, target)
-    return sch.mod["main"].with_attr("global_symbol", name)
+    workloads = anchor_workloads(sch, anchors)
+    applied: list[AppliedTemplate] = []
+    sch = default_schedule(sch, target, make_chooser(config), workloads, applied)
+    prim = sch.mod["main"].with_attr("global_symbol", name)
+    return (prim, applied) if return_info else prim
+
+
+def anchor_workloads(sch: Schedule, anchors: dict[str, tuple[Call, str]]
+                     ) -> dict[str, dict[str, Any]]:
+    """Block name -> workload dict for every anchor block with a template."""
+    templates = load_templates()
+    by_kind: dict[str, list[Call]] = {}
+    for call, kind in anchors.values():
+        by_kind.setdefault(kind, []).append(call)
+    result = {}
+    for block in sch.get_child_blocks(sch.get_sblock("root")):
+        stmt = sch.get(block)
+        kind = stmt.annotations.get(ANCHOR_ATTR)
+        if kind is None:
+            continue
+        kind = str(kind)
+        template = templates.get(kind)
+        if template is None:
+            continue
+        found = anchors.get(stmt.name_hint)
+        if found is None and len(by_kind.get(kind, [])) == 1:
+            found = (by_kind[kind][0], kind)
+        if found is not None:
+            result[stmt.name_hint] = template.workload(found[0], kind)
+    return result
+
+
+def make_chooser(config: ConfigArg):
+    """The default_schedule chooser for lower_primitive's `config` argument."""
+    if config is None:
+        return None
+
+    def choose(ctx: ScheduleContext, template: Template, space: ConfigSpace):
+        value = config
+        source = "given"
+        if callable(value) and not isinstance(value, dict):
+            if ctx.workload is None:
+                return None, "fallback"
+            value = value(ctx.workload)
+            if isinstance(value, tuple):
+                value, source = value
+        if value is None:
+            return None, "fallback"
+        if isinstance(value, Config) and value.space is space:
+            return value, source
+        return space.from_json(dict(value)), source
+
+    return choose
 
 
 def _copy(src: te.Tensor) -> te.Tensor:

@@ -4,18 +4,37 @@ knobs of a ConfigSpace, so the tuner can search them.
 
     class DenseTemplate(Template):
         name = "dense"                      # the anchor kind it schedules
+        aliases = ("dense_pack",)           # further anchor kinds it schedules
         def define_space(self, ctx): ...   # knobs from the anchor's loop extents
         def fallback(self, space, ctx): ... # heuristic config: shapes + target
         def apply(self, ctx, config): ...   # schedule ctx.sch with the config
+    register_template(DenseTemplate())
+
+Dispatch (schedules/default.py): every root block whose "tecc.anchor" annotation
+(computes.py) is a key of TEMPLATES is scheduled by that template, on a copy of the
+schedule: define_space(ctx), then the config chosen for the workload (a tuning
+record through the caller's callback) or fallback(space, ctx), then apply(ctx, cfg).
+If apply raises, the copy is dropped (a chosen config falls back to the fallback
+config first, then to the generic schedule): never wrong, maybe slow.
 
 Every config of a space must give correct code: an invalid one is a template bug.
 The space depends only on the anchor (its shapes, dtypes and attributes), never on
 the fused epilogue, so one tuned config serves every fused variant of a workload.
+
+The workload (the tuning key's JSON) comes from the anchor's IR call:
+`Template.workload(call, kind)`; the default is generic (template name, the
+call's input shapes and dtypes, its attributes); conv templates override it to
+speak NCHW terms, so that the channel blocks can be knobs.
+
+Template modules register themselves on import; `load_templates()` imports the
+modules named in TEMPLATE_MODULES (missing ones are skipped).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import importlib
+import logging
+from dataclasses import dataclass, field
 from typing import Any
 
 import tvm
@@ -23,20 +42,69 @@ from tvm.s_tir.schedule import Schedule
 
 from schedules.space import Config, ConfigSpace
 
+log = logging.getLogger(__name__)
+
+# Modules whose import registers templates (in this order).
+TEMPLATE_MODULES = (
+    "schedules.templates_dense",
+    "schedules.templates_conv",
+    "schedules.templates_reduce",
+)
+
 
 @dataclass
 class ScheduleContext:
-    """What a template sees: the schedule, its anchor block, and the target facts."""
+    """What a template sees: the schedule, its anchor block, and the target facts.
+
+    kind: the anchor's "tecc.anchor" annotation (a template may serve several).
+    workload: the workload dict of the anchor (Template.workload of its IR call);
+        None when the schedule was not lowered from IR (a hand-made PrimFunc).
+    """
 
     sch: Schedule
     block: Any  # the anchor's SBlockRV
     target: tvm.target.Target
     lanes: int  # float32 vector lanes of the target
     cores: int
+    kind: str = ""
+    workload: dict[str, Any] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def block_name(self) -> str:
+        return self.sch.get(self.block).name_hint
+
+    def loop_extents(self) -> list[int | None]:
+        out = []
+        for lp in self.sch.get_loops(self.block):
+            ext = self.sch.get(lp).extent
+            out.append(int(ext) if isinstance(ext, tvm.tirx.IntImm) else None)
+        return out
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, tuple | list):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    return str(value)
 
 
 class Template:
     name: str = ""
+    aliases: tuple[str, ...] = ()
+
+    def workload(self, call: Any, kind: str) -> dict[str, Any]:
+        """The workload dict of the anchor IR Call `call` (an op Call whose compute
+        wrote the anchor block): template name, input shapes and dtypes, attributes.
+        Canonical JSON of it (autotune.records.workload_key) is the tuning key."""
+        return {
+            "template": self.name,
+            "inputs": [[list(a.shape), str(a.dtype)] for a in call.args],
+            "attrs": _jsonable(dict(call.attrs)),
+        }
 
     def define_space(self, ctx: ScheduleContext) -> ConfigSpace:
         raise NotImplementedError
@@ -47,18 +115,46 @@ class Template:
     def apply(self, ctx: ScheduleContext, config: Config) -> None:
         raise NotImplementedError
 
+    def accepts(self, ctx: ScheduleContext, config: Config) -> bool:
+        """Whether `config` fits the PrimFunc at hand. Layout knobs (a conv's channel
+        blocks, a dense's weight packing) are decided by the graph passes before the
+        kernel exists; a config whose layout knobs differ from the kernel's actual
+        layout is refused and the fallback (which reads the actual layout) used."""
+        return True
+
 
 TEMPLATES: dict[str, Template] = {}
 
 
 def register_template(template: Template) -> Template:
+    """Register `template` under its name and each alias (anchor kinds)."""
     if not template.name:
         raise ValueError("a template needs a name")
-    if template.name in TEMPLATES:
-        raise ValueError(f"template {template.name!r} registered twice")
-    TEMPLATES[template.name] = template
+    for kind in (template.name, *template.aliases):
+        if kind in TEMPLATES and TEMPLATES[kind] is not template:
+            raise ValueError(f"template {kind!r} registered twice")
+        TEMPLATES[kind] = template
     return template
 
 
 def get_template(name: str) -> Template | None:
+    load_templates()
     return TEMPLATES.get(name)
+
+
+_loaded = False
+
+
+def load_templates() -> dict[str, Template]:
+    """Import the template modules (once) and return the registry."""
+    global _loaded
+    if not _loaded:
+        _loaded = True
+        for module in TEMPLATE_MODULES:
+            try:
+                importlib.import_module(module)
+            except ModuleNotFoundError as err:
+                if err.name != module:
+                    raise
+                log.debug("template module %s not present", module)
+    return TEMPLATES

@@ -468,7 +468,8 @@ def test_dce_forwards_tuple_items_and_keeps_outputs():
 def test_pipeline_order_and_levels(capsys):
     names = [p.name for p in optimization_pipeline()]
     assert names == ["simplify", "fold_batch_norm", "fold_constants", "simplify",
-                     "eliminate_common_subexpr", "eliminate_dead_code", "convert_layout_nchwc"]
+                     "eliminate_common_subexpr", "eliminate_dead_code", "convert_layout_nchwc",
+                     "pack_dense_weights"]
     x = var("x", (2, 3))
     f = Function([x], call("reshape", call("copy", call("add", x, call("negative", const(
         rand((3,), 50))))), newshape=(2, 3)))

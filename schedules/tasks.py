@@ -1,0 +1,336 @@
+"""Tuning tasks: one per distinct workload of a model (DESIGN.md, "Tasks and workload
+keys"), each able to build its anchor alone with any config of its space.
+
+    tasks = extract_tasks(fused_func, target)    # a fused model or one primitive Function
+    t = tasks[0]
+    t.workload, t.template, t.space, t.fallback_config()
+    prim = t.build_primfunc(config)              # anchor-only kernel, scheduled by config
+    inputs = t.reference_inputs(seed)            # canonical layout (NCHW, W[N, K])
+    expected = t.reference_outputs(inputs)       # numpy
+    k_in, k_out = t.adapt_io(config, inputs, expected)   # in the config's layout
+
+A task's `func` is the anchor alone in canonical terms: its params are Vars for the
+anchor's inputs (weights included) in NCHW / unpacked layouts. Where a template has
+layout knobs (a conv's ic_bn/oc_bn, a dense's packing block tile_n) the kernel a
+config builds takes its inputs in that config's layout; `adapt_io` converts the
+canonical reference arrays to it (numpy), so every candidate is checked against one
+reference. Tasks satisfy autotune.task.TunableTask and pickle (IR, dicts and a
+target JSON dict).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import tvm
+from tvm import te
+from tvm.s_tir.schedule import Schedule
+
+from frontend.ir import Call, Function, TensorType, Var, post_order
+from graph_opt.dense_pack import pack_dense_weight
+from graph_opt.evaluate import evaluate_call
+from graph_opt.layout import layout_name, pack_conv_weight, pack_depthwise_weight, to_nchwc
+from schedules.default import _inline_injective
+from schedules.lower import anchor_workloads, build_te, lower_primitive
+from schedules.space import Config, ConfigSpace
+from schedules.target import num_cores, target_to_json, vector_lanes
+from schedules.template import ScheduleContext, Template, load_templates
+
+CONV_TEMPLATES = ("conv2d_NCHWc", "depthwise_conv2d_NCHWc")
+
+
+def workload_json(workload: dict[str, Any]) -> str:
+    """Canonical JSON of a workload (the same as autotune.records.workload_key)."""
+    return json.dumps(workload, sort_keys=True, separators=(",", ":"))
+
+
+def _as_target(target: Any) -> tvm.target.Target:
+    if isinstance(target, tvm.target.Target):
+        return target
+    return tvm.target.Target(dict(target))
+
+
+@dataclass
+class Task:
+    name: str
+    workload: dict[str, Any]
+    template: str
+    kind: str  # the anchor kind the template serves (e.g. dense_pack, matmul_nt)
+    func: Function  # the anchor alone, canonical layout
+    target: dict[str, Any]
+    _space: ConfigSpace | None = field(default=None, repr=False, compare=False)
+
+    # -- what the template sees
+    @property
+    def tvm_target(self) -> tvm.target.Target:
+        return _as_target(self.target)
+
+    @property
+    def template_obj(self) -> Template:
+        return load_templates()[self.template]
+
+    def _context(self, func: Function) -> ScheduleContext:
+        target = self.tvm_target
+        anchors: dict[str, tuple[Call, str]] = {}
+        placeholders, outputs = build_te(func, target, anchors)
+        sch = Schedule(tvm.IRModule({"main": te.create_prim_func(placeholders + outputs)}))
+        _inline_injective(sch)
+        workloads = anchor_workloads(sch, anchors)
+        for name, wl in workloads.items():
+            block = sch.get_sblock(name)
+            kind = str(sch.get(block).annotations["tecc.anchor"])
+            return ScheduleContext(sch, block, target, vector_lanes(target), num_cores(target),
+                                   kind, wl)
+        raise ValueError(f"task {self.name}: no anchor block with a template")
+
+    @property
+    def space(self) -> ConfigSpace:
+        if self._space is None:
+            ctx = self._context(self.kernel_func(None))
+            self._space = self.template_obj.define_space(ctx)
+        return self._space
+
+    def fallback_config(self) -> Config:
+        ctx = self._context(self.kernel_func(None))
+        return self.space.from_json(self.template_obj.fallback(self.space, ctx).to_json())
+
+    def config(self, value: Config | dict[str, Any] | None) -> Config:
+        if value is None:
+            return self.fallback_config()
+        if isinstance(value, Config) and value.space is self.space:
+            return value
+        return self.space.from_json(dict(value))
+
+    # -- the kernel for a config
+    def kernel_func(self, config: Config | dict[str, Any] | None) -> Function:
+        """The anchor-only Function in the layout `config` wants (None: the default
+        layout, which the fallback config has)."""
+        call = self.func.body
+        assert isinstance(call, Call)
+        wl = self.workload
+        lanes = vector_lanes(self.tvm_target)
+        if self.template in CONV_TEMPLATES:
+            from schedules.templates_conv import CONV2D, DEPTHWISE, conv_blocks
+
+            tmpl = DEPTHWISE if self.template == DEPTHWISE.name else CONV2D
+            blocks = conv_blocks(wl, dict(config), lanes) if config is not None else None
+            if blocks is None:
+                values = tmpl.fallback_values(wl, lanes)
+                blocks = ((values["c_bn"],) * 2 if tmpl is DEPTHWISE
+                          else (values["ic_bn"], values["oc_bn"]))
+            return _conv_nchwc_func(call, wl, blocks)
+        if self.kind == "dense_pack":
+            from schedules.templates_dense import dense_pack_block
+
+            nb = dense_pack_block(wl, None if config is None else dict(config), lanes,
+                                  num_cores(self.tvm_target))
+            x, w = self.func.params
+            n, k = w.shape
+            xv = Var(x.name, x.ty)
+            wv = Var(w.name + "_packed", TensorType((n // nb, k, nb), w.dtype))
+            return Function([xv, wv], Call("nn.dense_pack", [xv, wv]))
+        return self.func
+
+    def build_primfunc(self, config: Config | dict[str, Any]) -> tvm.tirx.PrimFunc:
+        """The anchor scheduled with `config` (raises if the template refuses it)."""
+        cfg = self.config(config)
+        prim, applied = lower_primitive(self.kernel_func(cfg), self.name, self.tvm_target,
+                                        cfg.to_json(), return_info=True)
+        used = [a for a in applied if a.template == self.template]
+        if not used or used[0].source != "given":
+            error = used[0].error if used else "no anchor"
+            raise RuntimeError(f"template {self.template} refused config {cfg.to_json()}: "
+                               f"{error}")
+        return prim
+
+    # -- reference data
+    def reference_inputs(self, seed: int) -> list[np.ndarray]:
+        rng = np.random.default_rng(seed)
+        out = []
+        for p in self.func.params:
+            if str(p.dtype).startswith("float"):
+                out.append(rng.uniform(-1.0, 1.0, size=p.shape).astype(p.dtype))
+            else:
+                out.append(rng.integers(1, 5, size=p.shape).astype(p.dtype))
+        return out
+
+    def reference_outputs(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        call = self.func.body
+        assert isinstance(call, Call)
+        if call.op == "nn.conv2d":
+            a = call.attrs
+            return [conv2d_nchw_numpy(inputs[0], inputs[1], a["strides"], a["padding"],
+                                      a["dilation"], a["groups"]).astype(call.dtype)]
+        value = evaluate_call(call.op, [np.asarray(x) for x in inputs], call.attrs, call.ty)
+        if value is not None:
+            return value if isinstance(value, list) else [value]
+        return self._run_fallback(inputs)
+
+    def _run_fallback(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        """Outputs of the fallback config's kernel (for ops numpy cannot evaluate)."""
+        target = self.tvm_target
+        prim = lower_primitive(self.func, "ref", target)
+        ex = tvm.compile(tvm.IRModule({"ref": prim}), target=target)
+        dev = tvm.cpu()
+        ty = self.func.body.ty
+        fields = getattr(ty, "fields", None) or (ty,)
+        outs = [tvm.runtime.tensor(np.zeros(t.shape, t.dtype), dev) for t in fields]
+        ex["ref"](*[tvm.runtime.tensor(np.ascontiguousarray(x), dev) for x in inputs], *outs)
+        return [o.numpy() for o in outs]
+
+    def adapt_io(self, config: Config | dict[str, Any], inputs: list[np.ndarray],
+                 expected: list[np.ndarray] | None
+                 ) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
+        """Canonical reference inputs/outputs in the layout of `config`'s kernel."""
+        cfg = self.config(config)
+        kernel = self.kernel_func(cfg)
+        if kernel is self.func:
+            return inputs, expected
+        if self.kind == "dense_pack":
+            nb = kernel.params[1].shape[2]
+            return [inputs[0], pack_dense_weight(inputs[1], nb)], expected
+        call = kernel.body
+        ic = kernel.params[0].shape[4]
+        oc = call.ty.shape[4]
+        if self.template == "depthwise_conv2d_NCHWc":
+            weight = pack_depthwise_weight(inputs[1], oc)
+        else:
+            weight = pack_conv_weight(inputs[1], ic, oc)
+        new_inputs = [to_nchwc(inputs[0], ic), weight]
+        new_expected = None if expected is None else [to_nchwc(expected[0], oc)]
+        return new_inputs, new_expected
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "template": self.template, "workload": self.workload,
+                "space_size": len(self.space)}
+
+
+def _conv_nchwc_func(call: Call, wl: dict[str, Any], blocks: tuple[int, int]) -> Function:
+    ic, oc = blocks
+    n, c, h, w = wl["data"]
+    o, ipg, kh, kw = wl["kernel"]
+    dtype = wl["dtype"]
+    depthwise = wl["template"] == "depthwise_conv2d_NCHWc"
+    data = Var("data", TensorType((n, c // ic, h, w, ic), dtype))
+    if depthwise:
+        kshape = (c // oc, 1, kh, kw, 1, oc)
+    else:
+        kshape = (o // oc, ipg // ic, kh, kw, ic, oc)
+    kernel = Var("kernel", TensorType(kshape, dtype))
+    attrs = dict(call.attrs)
+    attrs.update(data_layout=layout_name(ic), out_layout=layout_name(oc))
+    return Function([data, kernel], Call("nn.conv2d_NCHWc", [data, kernel], attrs))
+
+
+def _canonical_anchor(call: Call, template: str, workload: dict[str, Any]) -> Function:
+    """The anchor alone, inputs as Vars, in canonical layout (NCHW conv, W[N, K])."""
+    if template in CONV_TEMPLATES:
+        attrs = {k: v for k, v in dict(call.attrs).items()
+                 if k not in ("data_layout", "out_layout")}
+        data = Var("data", TensorType(tuple(workload["data"]), workload["dtype"]))
+        weight = Var("weight", TensorType(tuple(workload["kernel"]), workload["dtype"]))
+        return Function([data, weight], Call("nn.conv2d", [data, weight], attrs))
+    if call.op == "nn.dense_pack":
+        (x_shape, x_dtype), (w_shape, w_dtype) = workload["inputs"]
+        x = Var("x", TensorType(tuple(x_shape), x_dtype))
+        w = Var("weight", TensorType(tuple(w_shape), w_dtype))
+        return Function([x, w], Call("nn.dense", [x, w]))
+    params = [Var(f"in{i}", a.ty) for i, a in enumerate(call.args)]
+    return Function(params, Call(call.op, params, call.attrs))
+
+
+def anchors_of(prim: Function, target: tvm.target.Target) -> list[tuple[Call, str, Template]]:
+    """The anchor IR calls of a primitive Function that have a template."""
+    templates = load_templates()
+    anchors: dict[str, tuple[Call, str]] = {}
+    build_te(prim, target, anchors)
+    return [(call, kind, templates[kind]) for call, kind in anchors.values() if kind in templates]
+
+
+def extract_tasks(func: Function, target: Any) -> list[Task]:
+    """One Task per distinct workload of `func`: a fused model Function (calls of
+    primitive Functions) or a single primitive Function."""
+    tgt = resolve(target)
+    prims = [n.op for n in post_order(func.body) if isinstance(n, Call)
+             and isinstance(n.op, Function)]
+    if not prims:
+        prims = [func]
+    tasks: dict[str, Task] = {}
+    seen: set[int] = set()
+    for prim in prims:
+        if id(prim) in seen:
+            continue
+        seen.add(id(prim))
+        for call, kind, template in anchors_of(prim, tgt):
+            wl = template.workload(call, kind)
+            key = workload_json(wl)
+            if key in tasks:
+                continue
+            # a dense on a constant weight is packed at compile time (dense_pack)
+            task_kind = "dense_pack" if kind in ("dense", "dense_pack") and (
+                call.op == "nn.dense_pack") else kind
+            tasks[key] = Task(f"{template.name}_{len(tasks)}", wl, template.name, task_kind,
+                              _canonical_anchor(call, template.name, wl),
+                              target_to_json(tgt))
+    return list(tasks.values())
+
+
+def task_from_workload(workload: dict[str, Any], target: Any, name: str | None = None) -> Task:
+    """A Task for a workload dict of the dense, matmul, batch_matmul or conv templates
+    (e.g. read back from a tuning record)."""
+    tgt = resolve(target)
+    template = workload["template"]
+    name = name or template
+    if template in CONV_TEMPLATES:
+        d = Var("data", TensorType(tuple(workload["data"]), workload["dtype"]))
+        w = Var("weight", TensorType(tuple(workload["kernel"]), workload["dtype"]))
+        attrs = {"strides": tuple(workload["strides"]), "padding": tuple(workload["padding"]),
+                 "dilation": tuple(workload["dilation"]), "groups": workload["groups"]}
+        func = Function([d, w], Call("nn.conv2d", [d, w], attrs))
+        return Task(name, workload, template, template, func, target_to_json(tgt))
+    (a_shape, a_dtype), (b_shape, b_dtype) = workload["inputs"]
+    a = Var("in0", TensorType(tuple(a_shape), a_dtype))
+    b = Var("in1", TensorType(tuple(b_shape), b_dtype))
+    if template == "dense":
+        func = Function([a, b], Call("nn.dense", [a, b]))
+        return Task(name, workload, template, "dense_pack", func, target_to_json(tgt))
+    attrs = workload.get("attrs", {})
+    func = Function([a, b], Call("nn.matmul", [a, b], attrs))
+    kind = template + ("_nt" if attrs.get("transpose_b") else "")
+    return Task(name, workload, template, kind, func, target_to_json(tgt))
+
+
+def resolve(target: Any) -> tvm.target.Target:
+    if isinstance(target, str):
+        from schedules.target import resolve_target
+
+        return resolve_target(target)
+    return _as_target(target)
+
+
+def conv2d_nchw_numpy(x: np.ndarray, w: np.ndarray, strides, padding, dilation,
+                      groups: int) -> np.ndarray:
+    """Direct NCHW x OIHW convolution in numpy (float64 accumulation)."""
+    n, c, h, wd = x.shape
+    o, ipg, kh, kw = w.shape
+    pad = list(padding)
+    pt, pl, pb, pr = (pad[0], pad[1], pad[0], pad[1]) if len(pad) == 2 else pad
+    sh, sw = strides
+    dh, dw = dilation
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pt, pb), (pl, pr)))
+    oh = (h + pt + pb - dh * (kh - 1) - 1) // sh + 1
+    ow = (wd + pl + pr - dw * (kw - 1) - 1) // sw + 1
+    opg = o // groups
+    out = np.zeros((n, o, oh, ow))
+    for g in range(groups):
+        xs = xp[:, g * ipg:(g + 1) * ipg]
+        ws = w[g * opg:(g + 1) * opg].astype(np.float64)
+        for i in range(kh):
+            for j in range(kw):
+                patch = xs[:, :, i * dh:i * dh + sh * (oh - 1) + 1:sh,
+                           j * dw:j * dw + sw * (ow - 1) + 1:sw]
+                out[:, g * opg:(g + 1) * opg] += np.einsum("nchw,oc->nohw", patch, ws[:, :, i, j])
+    return out

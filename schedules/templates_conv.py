@@ -1,0 +1,272 @@
+"""Templates for the blocked (NCHW{c}c) convolutions, direct algorithm.
+
+conv2d_NCHWc: data [N, C/ic, H, W, ic] x kernel [OC/oc, IPG/ic, KH, KW, ic, oc].
+    Loop nest: parallel(n, oc_chunk, oh_outer) / ow_outer /
+               reduction (ic_chunk, kh, kw | kh, kw, ic_chunk) / ic /
+               oh_inner (tile_oh, unrolled) / ow_inner (tile_ow, unrolled) /
+               oc (vectorized)
+    The tile_oh x tile_ow x (oc_bn / lanes) accumulators stay in registers; the fused
+    epilogue runs under ow_outer on the finished tile.
+depthwise_conv2d_NCHWc: data [N, C/c, H, W, c] x kernel [C/c, 1, KH, KW, 1, c]:
+    parallel(n, c_chunk, oh_outer) / ow_outer / kh, kw / oh_inner / ow_inner / c.
+
+As AutoTVM did, the workload key is in NCHW terms (data NCHW shape, OIHW kernel
+shape, dtype, strides, padding, dilation, groups) and the channel blocks are knobs
+("ic_bn", "oc_bn"; "c_bn" for depthwise). The blocks are decided before the kernel
+exists, by the layout pass (graph_opt/layout.py), which the driver asks through a
+callback for the blocks of the layer's tuned config; a config whose blocks differ
+from the kernel's actual layout is refused (Template.accepts) and the fallback,
+which reads the actual blocks, used instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from frontend.ir import Call
+from graph_opt.layout import default_out_block_for, in_block, out_block_candidates
+from schedules.default import PARALLEL_MIN_WORK, _acc_budget, _epilogue_target, _largest_divisor
+from schedules.default import _vectorize_tail as vectorize_tail
+from schedules.space import Config, ConfigSpace
+from schedules.template import ScheduleContext, Template, register_template
+from schedules.templates_dense import _config_from_values
+
+MAX_TILE_OW = 32
+
+
+def _pad4(padding: Any) -> list[int]:
+    p = [int(v) for v in padding]
+    return [p[0], p[1], p[0], p[1]] if len(p) == 2 else p
+
+
+def conv_workload(name: str, call: Call) -> dict[str, Any]:
+    """NCHW-terms workload of an nn.conv2d (NCHW) or nn.conv2d_NCHWc call."""
+    data, kernel = call.args
+    if call.op == "nn.conv2d_NCHWc":
+        n, cc, h, w, ic = data.shape
+        occ, ipc, kh, kw, kic, oc = kernel.shape
+        data_shape = [n, cc * ic, h, w]
+        kernel_shape = [occ * oc, ipc * kic, kh, kw]
+    else:
+        data_shape, kernel_shape = list(data.shape), list(kernel.shape)
+    attrs = call.attrs
+    return {
+        "template": name,
+        "data": [int(d) for d in data_shape],
+        "kernel": [int(d) for d in kernel_shape],
+        "dtype": str(data.dtype),
+        "strides": [int(s) for s in attrs["strides"]],
+        "padding": _pad4(attrs["padding"]),
+        "dilation": [int(d) for d in attrs["dilation"]],
+        "groups": int(attrs["groups"]),
+    }
+
+
+def conv_dims(wl: dict[str, Any]) -> dict[str, int]:
+    n, c, h, w = wl["data"]
+    o, ipg, kh, kw = wl["kernel"]
+    pt, pl, pb, pr = wl["padding"]
+    sh, sw = wl["strides"]
+    dh, dw = wl["dilation"]
+    g = wl["groups"]
+    oh = (h + pt + pb - dh * (kh - 1) - 1) // sh + 1
+    ow = (w + pl + pr - dw * (kw - 1) - 1) // sw + 1
+    return {"n": n, "c": c, "o": o, "ipg": ipg, "opg": o // g, "kh": kh, "kw": kw,
+            "oh": oh, "ow": ow, "groups": g}
+
+
+def block_options(channels: int, lanes: int) -> list[int]:
+    return [b for b in sorted(out_block_candidates(lanes)) if channels % b == 0]
+
+
+def ow_tiles(ow: int) -> list[int]:
+    return [d for d in range(1, min(ow, MAX_TILE_OW) + 1) if ow % d == 0]
+
+
+def default_ow_tile(ow: int, oc_bn: int, lanes: int) -> int:
+    vecs = max(1, -(-oc_bn // lanes))
+    return _largest_divisor(ow, max(1, _acc_budget(lanes, vecs) // vecs))
+
+
+class _ConvBase(Template):
+    def workload(self, call: Call, kind: str) -> dict[str, Any]:
+        return conv_workload(self.name, call)
+
+    def _workload(self, ctx: ScheduleContext) -> dict[str, Any]:
+        if ctx.workload is None:
+            raise ValueError(f"{self.name} needs the anchor's workload (lower from IR)")
+        return ctx.workload
+
+    def _buffer_blocks(self, ctx: ScheduleContext) -> tuple[int, int]:
+        """(input block, output block) of the kernel at hand."""
+        block = ctx.sch.get(ctx.block)
+        out_block = int(block.writes[0].source.shape[-1])
+        kernel = max(block.reads, key=lambda r: len(r.source.shape)).source
+        return int(kernel.shape[4]), out_block
+
+
+class Conv2dNCHWcTemplate(_ConvBase):
+    name = "conv2d_NCHWc"
+
+    def space_for(self, wl: dict[str, Any], lanes: int) -> ConfigSpace:
+        d = conv_dims(wl)
+        space = ConfigSpace()
+        ic_opts = block_options(d["ipg"], lanes) or [in_block(d["ipg"], lanes)]
+        oc_opts = block_options(d["opg"], lanes)
+        if not oc_opts:
+            raise ValueError(f"{d['opg']} output channels per group have no vector block")
+        space.define_choice("ic_bn", ic_opts)
+        space.define_choice("oc_bn", oc_opts)
+        space.define_choice("tile_ow", ow_tiles(d["ow"]))
+        space.define_choice("tile_oh", [1, 2] if d["oh"] % 2 == 0 else [1])
+        space.define_bool("unroll_kw")
+        space.define_choice("reduce_order", ["icc_kh_kw", "kh_kw_icc"])
+        return space
+
+    def define_space(self, ctx: ScheduleContext) -> ConfigSpace:
+        return self.space_for(self._workload(ctx), ctx.lanes)
+
+    def fallback_values(self, wl: dict[str, Any], lanes: int,
+                        blocks: tuple[int, int] | None = None) -> dict[str, Any]:
+        d = conv_dims(wl)
+        if blocks is None:
+            oc = default_out_block_for(d["ow"], d["opg"], lanes) or lanes
+            blocks = (in_block(d["ipg"], lanes), oc)
+        ic_bn, oc_bn = blocks
+        return {"ic_bn": ic_bn, "oc_bn": oc_bn, "tile_ow": default_ow_tile(d["ow"], oc_bn, lanes),
+                "tile_oh": 1, "unroll_kw": d["kw"] <= 7, "reduce_order": "icc_kh_kw"}
+
+    def fallback(self, space: ConfigSpace, ctx: ScheduleContext) -> Config:
+        values = self.fallback_values(self._workload(ctx), ctx.lanes, self._buffer_blocks(ctx))
+        return _config_from_values(space, values)
+
+    def accepts(self, ctx: ScheduleContext, config: Config) -> bool:
+        return (config["ic_bn"], config["oc_bn"]) == self._buffer_blocks(ctx)
+
+    def apply(self, ctx: ScheduleContext, config: Config) -> None:
+        sch, block = ctx.sch, ctx.block
+        if not self.accepts(ctx, config):
+            raise ValueError("config blocks differ from the kernel's layout")
+        loops = sch.get_loops(block)
+        if len(loops) != 9:
+            raise ValueError("conv2d_NCHWc template expects n, occ, oh, ow, oc, icc, kh, kw, ic")
+        n, occ, oh, ow, ocb, icc, kh, kw, ic = loops
+        exts = ctx.loop_extents()
+        if any(e is None for e in exts):
+            raise ValueError("symbolic extents")
+        owb, ohb = config["tile_ow"], config["tile_oh"]
+        if exts[3] % owb or exts[2] % ohb:
+            raise ValueError("tile_ow / tile_oh must divide the output")
+        acc = sch.cache_write(block, 0, "local")
+        owo, owi = sch.split(ow, [None, owb])
+        oho, ohi = sch.split(oh, [None, ohb])
+        red = [icc, kh, kw] if config["reduce_order"] == "icc_kh_kw" else [kh, kw, icc]
+        sch.reorder(n, occ, oho, owo, *red, ic, ohi, owi, ocb)
+        target = _epilogue_target(sch, block, acc)
+        sch.reverse_compute_at(target, owo, preserve_unit_loops=True)
+        top = sch.fuse(n, occ, oho)
+        work = 1
+        for e in exts:
+            work *= e
+        if work >= PARALLEL_MIN_WORK:
+            sch.parallel(top)
+        sch.unroll(owi)
+        if ohb > 1:
+            sch.unroll(ohi)
+        if config["unroll_kw"]:
+            sch.unroll(kw)
+        sch.vectorize(ocb)
+        init = sch.decompose_reduction(block, red[0])
+        vectorize_tail(sch, target, ctx.lanes)
+        vectorize_tail(sch, init, ctx.lanes)
+
+
+class DepthwiseNCHWcTemplate(_ConvBase):
+    name = "depthwise_conv2d_NCHWc"
+
+    def space_for(self, wl: dict[str, Any], lanes: int) -> ConfigSpace:
+        d = conv_dims(wl)
+        space = ConfigSpace()
+        opts = block_options(d["c"], lanes)
+        if not opts:
+            raise ValueError(f"{d['c']} channels have no vector block")
+        space.define_choice("c_bn", opts)
+        space.define_choice("tile_ow", ow_tiles(d["ow"]))
+        space.define_choice("tile_oh", [1, 2] if d["oh"] % 2 == 0 else [1])
+        space.define_bool("unroll_kw")
+        return space
+
+    def define_space(self, ctx: ScheduleContext) -> ConfigSpace:
+        return self.space_for(self._workload(ctx), ctx.lanes)
+
+    def fallback_values(self, wl: dict[str, Any], lanes: int,
+                        block: int | None = None) -> dict[str, Any]:
+        d = conv_dims(wl)
+        if block is None:
+            block = default_out_block_for(d["ow"], d["c"], lanes) or lanes
+        return {"c_bn": block, "tile_ow": default_ow_tile(d["ow"], block, lanes),
+                "tile_oh": 1, "unroll_kw": d["kw"] <= 7}
+
+    def _block(self, ctx: ScheduleContext) -> int:
+        return int(ctx.sch.get(ctx.block).writes[0].source.shape[-1])
+
+    def fallback(self, space: ConfigSpace, ctx: ScheduleContext) -> Config:
+        return _config_from_values(space, self.fallback_values(self._workload(ctx), ctx.lanes,
+                                                               self._block(ctx)))
+
+    def accepts(self, ctx: ScheduleContext, config: Config) -> bool:
+        return config["c_bn"] == self._block(ctx)
+
+    def apply(self, ctx: ScheduleContext, config: Config) -> None:
+        sch, block = ctx.sch, ctx.block
+        if not self.accepts(ctx, config):
+            raise ValueError("config block differs from the kernel's layout")
+        loops = sch.get_loops(block)
+        if len(loops) != 7:
+            raise ValueError("depthwise template expects n, cc, oh, ow, c, kh, kw")
+        n, cc, oh, ow, cb, kh, kw = loops
+        exts = ctx.loop_extents()
+        if any(e is None for e in exts):
+            raise ValueError("symbolic extents")
+        owb, ohb = config["tile_ow"], config["tile_oh"]
+        if exts[3] % owb or exts[2] % ohb:
+            raise ValueError("tile_ow / tile_oh must divide the output")
+        acc = sch.cache_write(block, 0, "local")
+        owo, owi = sch.split(ow, [None, owb])
+        oho, ohi = sch.split(oh, [None, ohb])
+        sch.reorder(n, cc, oho, owo, kh, kw, ohi, owi, cb)
+        target = _epilogue_target(sch, block, acc)
+        sch.reverse_compute_at(target, owo, preserve_unit_loops=True)
+        top = sch.fuse(n, cc, oho)
+        work = 1
+        for e in exts:
+            work *= e
+        if work >= PARALLEL_MIN_WORK:
+            sch.parallel(top)
+        sch.unroll(owi)
+        if ohb > 1:
+            sch.unroll(ohi)
+        if config["unroll_kw"]:
+            sch.unroll(kw)
+        sch.vectorize(cb)
+        init = sch.decompose_reduction(block, kh)
+        vectorize_tail(sch, target, ctx.lanes)
+        vectorize_tail(sch, init, ctx.lanes)
+
+
+CONV2D = register_template(Conv2dNCHWcTemplate())
+DEPTHWISE = register_template(DepthwiseNCHWcTemplate())
+
+
+def conv_blocks(workload: dict[str, Any], config: dict[str, Any] | None, lanes: int
+                ) -> tuple[int, int] | None:
+    """(ic_bn, oc_bn) a conv workload's config wants (None: no config)."""
+    if config is None:
+        return None
+    if workload["template"] == DepthwiseNCHWcTemplate.name:
+        if "c_bn" not in config:
+            return None
+        return int(config["c_bn"]), int(config["c_bn"])
+    if "ic_bn" not in config or "oc_bn" not in config:
+        return None
+    return int(config["ic_bn"]), int(config["oc_bn"])

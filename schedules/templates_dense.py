@@ -1,0 +1,262 @@
+"""Templates for the dense-like anchors: C[b..., m, n] = sum_k A[b..., m, k] * B[..].
+
+    dense         x[..., K] x W[N, K]; "dense_pack": W packed at compile time to
+                  Wp[N/nb, K, nb] (graph_opt/dense_pack.py), nb = the "tile_n" knob
+    matmul        A[M, K] x B[K, N] (B non-constant: attention); "matmul_nt": B[N, K]
+    batch_matmul  the same with batch dimensions
+
+Loop nest (order "mn_k"):
+    parallel(batch, m_outer, n_outer)       fused
+      m_tile (tile_mo register tiles), n_tile (tile_no register tiles)
+        k_outer / k_inner (tile_k) [/ k unrolled by unroll_k]
+          m_reg (tile_m, unrolled) / n_reg (tile_n, vectorized)
+    accumulator in a local buffer; the fused epilogue runs under n_tile on the
+    finished tile. Order "k_mn" puts k_outer above the m/n tiles (a bigger
+    accumulator, each k panel of B reused across the tile); the epilogue then runs
+    under n_outer.
+B is read as [N/nb, K, nb] panels: packed at compile time (dense_pack), packed in the
+kernel when B is [N, K] (matmul_nt, a dense on a non-constant weight), optionally
+("pack_b") when B is [K, N].
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from frontend.ir import Call
+from graph_opt.dense_pack import default_dense_block, dense_block_candidates
+from schedules.default import (
+    COMM_REDUCE,
+    PARALLEL_MIN_WORK,
+    _epilogue_target,
+    _extent,
+    _iter_types,
+    _pack_map,
+    _pack_schedule,
+    _root_blocks,
+    _vectorize_tail,
+)
+from schedules.space import Config, ConfigSpace
+from schedules.template import ScheduleContext, Template, _jsonable, register_template
+
+TILE_M = (1, 2, 3, 4, 6, 8)
+TILE_MO = (1, 2, 4, 8, 16)
+TILE_NO = (1, 2, 4, 8)
+VECTOR_REGISTERS = {8: 16, 16: 32, 4: 16}  # fp32 lanes -> vector registers (AVX2, AVX-512, NEON-ish)
+
+
+def _vector_registers(lanes: int) -> int:
+    return VECTOR_REGISTERS.get(lanes, 16 if lanes < 16 else 32)
+
+
+def dense_dims(ctx: ScheduleContext) -> tuple[int, int, int, int]:
+    """(batch, M, N, K) from the anchor's loops (batch: the product of leading axes)."""
+    exts = ctx.loop_extents()
+    types = _iter_types(ctx.sch, ctx.block)
+    if any(e is None for e in exts):
+        raise ValueError("symbolic extents")
+    if types[-1] != COMM_REDUCE or types.count(COMM_REDUCE) != 1:
+        raise ValueError("dense template needs exactly one reduction axis, innermost")
+    if len(exts) < 3:
+        raise ValueError("dense template needs an M and an N axis")
+    return math.prod(exts[:-3]), exts[-3], exts[-2], exts[-1]
+
+
+def k_tiles(k: int) -> list[int]:
+    """Inner k extents: divisors of K from 4 to 512, K itself when it is at most 1024."""
+    out = [d for d in (512, 256, 128, 64, 32, 16, 8, 4) if d < k and k % d == 0]
+    if k <= 1024 or not out:
+        out.insert(0, k)
+    return out[:6]
+
+
+def dense_space(m: int, n: int, k: int, lanes: int, pack_choice: bool) -> ConfigSpace:
+    space = ConfigSpace()
+    space.define_choice("tile_n", dense_block_candidates(n, lanes))
+    space.define_choice("tile_m", [t for t in TILE_M if t <= m] or [1])
+    space.define_choice("tile_mo", [t for t in TILE_MO if t <= max(1, m // 2)] or [1])
+    space.define_choice("tile_no", [t for t in TILE_NO
+                                    if t * dense_block_candidates(n, lanes)[0] <= n] or [1])
+    space.define_choice("tile_k", k_tiles(k))
+    space.define_choice("order", ["mn_k", "k_mn"])
+    space.define_choice("unroll_k", [1, 4])
+    if pack_choice:
+        space.define_bool("pack_b")
+    return space
+
+
+def register_tile_rows(m: int, nb: int, lanes: int) -> int:
+    """Rows of the register tile: what the vector registers hold after one B vector
+    per column vector and a broadcast A value; a divisor of M when one is close."""
+    vecs = max(1, -(-nb // lanes))
+    budget = max(1, (_vector_registers(lanes) - vecs - 1) // vecs)
+    fits = [t for t in TILE_M if t <= min(budget, m)] or [1]
+    divs = [t for t in fits if m % t == 0]
+    best = max(fits)
+    # a non-dividing tile costs a predicated tail; take a divisor unless it is much smaller
+    if divs and max(divs) * 3 >= best * 2:
+        return max(divs)
+    return best
+
+
+def dense_fallback_values(m: int, n: int, k: int, lanes: int, cores: int,
+                          nb: int | None = None) -> dict[str, Any]:
+    nb = nb or default_dense_block(n, lanes)
+    mi = register_tile_rows(m, nb, lanes)
+    kt = k_tiles(k)
+    kb = next((t for t in kt if t <= 256), kt[-1])
+    # cache tile: a few register tiles per parallel task, while enough tasks remain
+    mo = 1
+    while mo * 2 in TILE_MO and mi * mo * 2 * 4 <= m // max(1, cores) and mo < 4:
+        mo *= 2
+    return {"tile_n": nb, "tile_m": mi, "tile_mo": mo, "tile_no": 1, "tile_k": kb,
+            "order": "mn_k", "unroll_k": 1, "pack_b": False}
+
+
+def _config_from_values(space: ConfigSpace, values: dict[str, Any]) -> Config:
+    """The config nearest to `values`: each knob takes the value, else its closest option."""
+    chosen = {}
+    for knob in space.knobs:
+        want = values.get(knob.name, knob.options[0])
+        if want in knob.options:
+            chosen[knob.name] = want
+        elif isinstance(want, int | float) and all(isinstance(o, int | float)
+                                                  for o in knob.options):
+            chosen[knob.name] = min(knob.options, key=lambda o: (abs(o - want), o))
+        else:
+            chosen[knob.name] = knob.options[0]
+    return space.from_json(chosen)
+
+
+class DenseLikeTemplate(Template):
+    packs_always: tuple[str, ...] = ()  # kinds whose B must be packed in the kernel
+    pack_choice_kinds: tuple[str, ...] = ()  # kinds where packing B is a knob
+
+    def __init__(self, name: str, aliases: tuple[str, ...], packs_always: tuple[str, ...],
+                 pack_choice_kinds: tuple[str, ...]) -> None:
+        self.name = name
+        self.aliases = aliases
+        self.packs_always = packs_always
+        self.pack_choice_kinds = pack_choice_kinds
+
+    # -- workload
+    def workload(self, call: Call, kind: str) -> dict[str, Any]:
+        a, b = call.args
+        b_shape = list(b.shape)
+        if call.op == "nn.dense_pack":  # key in the unpacked terms: W[N, K]
+            nc, k, nb = b_shape
+            b_shape = [nc * nb, k]
+        return {"template": self.name,
+                "inputs": [[list(a.shape), str(a.dtype)], [b_shape, str(b.dtype)]],
+                "attrs": _jsonable(dict(call.attrs))}
+
+    @staticmethod
+    def mnk_of_workload(workload: dict[str, Any]) -> tuple[int, int, int]:
+        (a_shape, _), (b_shape, _) = workload["inputs"]
+        attrs = workload.get("attrs", {})
+        if workload["template"] == "dense":
+            m = a_shape[-2] if len(a_shape) >= 2 else 1
+            return m, b_shape[0], b_shape[1]
+        ta, tb = attrs.get("transpose_a", False), attrs.get("transpose_b", False)
+        m, k = (a_shape[-1], a_shape[-2]) if ta else (a_shape[-2], a_shape[-1])
+        n = b_shape[-2] if tb else b_shape[-1]
+        return m, n, k
+
+    # -- space
+    def _pack_choice(self, kind: str) -> bool:
+        return kind in self.pack_choice_kinds
+
+    def space_for(self, m: int, n: int, k: int, lanes: int, kind: str) -> ConfigSpace:
+        return dense_space(m, n, k, lanes, self._pack_choice(kind))
+
+    def define_space(self, ctx: ScheduleContext) -> ConfigSpace:
+        _, m, n, k = dense_dims(ctx)
+        return self.space_for(m, n, k, ctx.lanes, ctx.kind)
+
+    def packed_block(self, ctx: ScheduleContext) -> int | None:
+        """nb of a weight packed at compile time (dense_pack), else None."""
+        if ctx.kind != "dense_pack":
+            return None
+        block = ctx.sch.get(ctx.block)
+        for region in block.reads:
+            if len(region.source.shape) == 3:
+                return int(region.source.shape[2])
+        return None
+
+    def fallback(self, space: ConfigSpace, ctx: ScheduleContext) -> Config:
+        _, m, n, k = dense_dims(ctx)
+        values = dense_fallback_values(m, n, k, ctx.lanes, ctx.cores, self.packed_block(ctx))
+        return _config_from_values(space, values)
+
+    def accepts(self, ctx: ScheduleContext, config: Config) -> bool:
+        nb = self.packed_block(ctx)
+        return nb is None or config["tile_n"] == nb
+
+    # -- schedule
+    def apply(self, ctx: ScheduleContext, config: Config) -> None:
+        sch, block = ctx.sch, ctx.block
+        batch_ext, m_ext, n_ext, k_ext = dense_dims(ctx)
+        nb, mi, mt = config["tile_n"], config["tile_m"], config["tile_mo"]
+        nt, kb, order = config["tile_no"], config["tile_k"], config["order"]
+        if n_ext % nb or k_ext % kb:
+            raise ValueError(f"tile_n {nb} / tile_k {kb} do not divide N={n_ext} / K={k_ext}")
+        if not self.accepts(ctx, config):
+            raise ValueError(f"tile_n {nb} differs from the packed weight's block")
+        pack = ctx.kind in self.packs_always or bool(config.get("pack_b", False))
+        if pack:
+            sch.cache_read(block, 1, "global")
+            sch.transform_layout(block, ("read", 1), _pack_map(sch.get(block), nb))
+        acc = sch.cache_write(block, 0, "local")
+        *batch, m, n, k = sch.get_loops(block)
+        no, ni = sch.split(n, [None, nb])
+        noo, nti = sch.split(no, [None, nt])
+        mo, mii = sch.split(m, [None, mi])
+        moo, mti = sch.split(mo, [None, mt])
+        ko, ki = sch.split(k, [None, kb])
+        kinner = []
+        unroll_k = config["unroll_k"]
+        if unroll_k > 1 and kb % unroll_k == 0 and kb > unroll_k:
+            ki, ku = sch.split(ki, [None, unroll_k])
+            kinner = [ku]
+        if order == "mn_k":
+            sch.reorder(*batch, moo, noo, mti, nti, ko, ki, *kinner, mii, ni)
+            at = nti
+        else:
+            sch.reorder(*batch, moo, noo, ko, mti, nti, ki, *kinner, mii, ni)
+            at = noo
+        target = _epilogue_target(sch, block, acc)
+        sch.reverse_compute_at(target, at, preserve_unit_loops=True)
+        top = sch.fuse(*batch, moo, noo)
+        if batch_ext * m_ext * n_ext * k_ext >= PARALLEL_MIN_WORK:
+            sch.parallel(top)
+        for lp in kinner:
+            sch.unroll(lp)
+        sch.unroll(mii)
+        sch.vectorize(ni)
+        init = sch.decompose_reduction(block, ko)
+        _vectorize_tail(sch, target, ctx.lanes)
+        _vectorize_tail(sch, init, ctx.lanes)
+        if pack:
+            for b in _root_blocks(sch):
+                if sch.get(b).name_hint.endswith("_global"):
+                    _pack_schedule(sch, b, ctx.lanes)
+
+
+DENSE = register_template(DenseLikeTemplate(
+    "dense", ("dense_pack",), packs_always=("dense",), pack_choice_kinds=()))
+MATMUL = register_template(DenseLikeTemplate(
+    "matmul", ("matmul_nt",), packs_always=("matmul_nt",), pack_choice_kinds=("matmul",)))
+BATCH_MATMUL = register_template(DenseLikeTemplate(
+    "batch_matmul", ("batch_matmul_nt",), packs_always=("batch_matmul_nt",),
+    pack_choice_kinds=("batch_matmul",)))
+
+
+def dense_pack_block(workload: dict[str, Any], config: dict[str, Any] | None, lanes: int,
+                     cores: int) -> int:
+    """The nb a dense workload's weight is packed with: the config's tile_n, else the
+    fallback's (for graph_opt's pack_dense_weights nb_fn)."""
+    m, n, k = DenseLikeTemplate.mnk_of_workload(workload)
+    if config is not None and "tile_n" in config and n % int(config["tile_n"]) == 0:
+        return int(config["tile_n"])
+    return dense_fallback_values(m, n, k, lanes, cores)["tile_n"]

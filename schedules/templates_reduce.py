@@ -1,0 +1,732 @@
+"""Tunable templates for pools, reductions, normalizations and injective groups (CPU).
+
+Templates (anchor kind in the "tecc.anchor" annotation -> template):
+  pool                          max_pool2d / avg_pool2d / adaptive (divisible) and
+                                global average pools, NCHW and NCHW{c}c
+  reduce                        sum / max / min / prod / mean
+  variance                      the two-pass variance
+  softmax, log_softmax          max, exp-sum and normalize of every row
+  layer_norm                    sum, squared deviations and normalize of every row
+  injective                     a group without an anchor: `schedule_injective_group`
+
+The reduction family shares one output-driven schedule. The group's output block
+(the normalize, the mean's divide or the reduction itself) gives the row loop; every
+other block of the group (row maxima, sums) is computed under it, so a row is read
+from cache, not memory, by its later passes.
+  row mode (the input's last axis is reduced): rows parallel; each reduction is
+    rfactored by `kv` lanes (the rf block vectorized, `kv` independent accumulators);
+    the normalize is vectorized by the same `kv`. When rows are few and long, the
+    reduction can also be split across the cores (`p` of the k split): then every
+    pass is its own parallel loop nest at the root.
+  column mode (the last axis is kept, e.g. sum over axis 0, softmax over dim 1): the
+    kept last axis is split (`c_split`) and its inner part vectorized under the
+    reduction loops; the rest is parallel.
+Every knob value gives correct code: splits that feed an rfactor are exact divisors
+(an rfactor over a predicated split loses its predicate in TVM 0.27: wrong results),
+spatial splits may be ragged (TVM keeps the predicate).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import tvm
+from tvm.s_tir.schedule import Schedule
+
+from schedules.space import Config, ConfigSpace
+from schedules.target import num_cores, vector_lanes
+from schedules.template import ScheduleContext, Template, register_template
+
+ANCHOR_ATTR = "tecc.anchor"
+DATA_PAR = 0
+PARALLEL_MIN_WORK = 16384  # elements: below, thread start-up costs more than it saves
+
+
+# ---------------------------------------------------------------- target facts
+
+
+def _cache_bytes(level: int, default: int) -> int:
+    """Size of this host's data/unified cache at `level` (sysfs), else `default`."""
+    base = "/sys/devices/system/cpu/cpu0/cache"
+    try:
+        for entry in sorted(os.listdir(base)):
+            path = os.path.join(base, entry)
+            with open(os.path.join(path, "level")) as f:
+                if int(f.read()) != level:
+                    continue
+            with open(os.path.join(path, "type")) as f:
+                if f.read().strip() == "Instruction":
+                    continue
+            with open(os.path.join(path, "size")) as f:
+                text = f.read().strip().upper()
+            mult = {"K": 1024, "M": 1024 ** 2}.get(text[-1:], 1)
+            return int(text.rstrip("KM")) * mult
+    except (OSError, ValueError):
+        pass
+    return default
+
+
+L1_BYTES = _cache_bytes(1, 32 * 1024)
+L2_BYTES = _cache_bytes(2, 512 * 1024)
+
+
+def context_for(sch: Schedule, block, target: tvm.target.Target) -> ScheduleContext:
+    """A ScheduleContext for `block` (what default.py builds for its anchors)."""
+    return ScheduleContext(sch, block, target, vector_lanes(target), num_cores(target))
+
+
+# ---------------------------------------------------------------- block helpers
+
+
+def _name(sch: Schedule, block) -> str:
+    return sch.get(block).name_hint
+
+
+def _iter_types(sch: Schedule, block) -> list[int]:
+    return [int(iv.iter_type) for iv in sch.get(block).iter_vars]
+
+
+def _is_reduction(sch: Schedule, block) -> bool:
+    return any(t != DATA_PAR for t in _iter_types(sch, block))
+
+
+def _root_blocks(sch: Schedule) -> list:
+    return list(sch.get_child_blocks(sch.get_sblock("root")))
+
+
+def _extent(sch: Schedule, loop) -> int:
+    ext = sch.get(loop).extent
+    if not isinstance(ext, tvm.tirx.IntImm):
+        raise ValueError("symbolic loop extent")
+    return int(ext)
+
+
+def _extents(sch: Schedule, loops: Sequence) -> list[int]:
+    return [_extent(sch, lp) for lp in loops]
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _vec_options(n: int, lanes: int) -> list[int]:
+    """Exact divisors of `n` usable as a vector width: up to four vectors."""
+    return [d for d in _divisors(n) if d <= 4 * lanes] or [1]
+
+
+def _best_vec(n: int, lanes: int) -> int:
+    """Fallback vector width for an extent n: two vectors when a power of two divides n
+    that far (two independent accumulators), else the widest divisor up to two
+    vectors, preferring powers of two."""
+    opts = _vec_options(n, lanes)
+    pow2 = [d for d in opts if d & (d - 1) == 0 and d <= 2 * lanes]
+    if pow2 and pow2[-1] >= min(lanes, 4):
+        return pow2[-1]
+    small = [d for d in opts if d <= 2 * lanes]
+    return small[-1] if small and small[-1] >= 3 else (pow2[-1] if pow2 else 1)
+
+
+def _vars_in(expr) -> set:
+    return set(tvm.tirx.analysis.undefined_vars(expr, []))
+
+
+def _inline_spatial_intermediates(sch: Schedule, keep: Sequence[str] = ()) -> None:
+    """compute_inline every spatial block that is not an output (what default.py does
+    before dispatching), so the template sees the same blocks either way."""
+    outputs = {_name(sch, b) for b in sch.get_output_blocks(sch.get_sblock("root"))}
+    changed = True
+    while changed:
+        changed = False
+        for block in _root_blocks(sch):
+            name = _name(sch, block)
+            if _is_reduction(sch, block) or name in outputs or name in keep:
+                continue
+            try:
+                sch.compute_inline(block)
+                changed = True
+            except tvm.TVMError:
+                pass
+
+
+def _identity_consumer(sch: Schedule, producer):
+    """The single consumer of `producer` if it reads the producer's buffer elementwise
+    (same index, same shape): it can be computed under the producer's tile loops."""
+    consumers = list(sch.get_consumers(producer))
+    if len(consumers) != 1 or _is_reduction(sch, consumers[0]):
+        return None
+    buffer = sch.get(producer).writes[0].source
+    block = sch.get(consumers[0])
+    ivars = [iv.var for iv in block.iter_vars]
+    for region in block.reads:
+        if not region.source.same_as(buffer):
+            continue
+        if len(region.region) != len(ivars) or [int(d) for d in buffer.shape] != [
+                int(iv.dom.extent) for iv in block.iter_vars]:
+            return None
+        for rng, var in zip(region.region, ivars, strict=True):
+            if not (rng.min.same_as(var) and int(rng.extent) == 1):
+                return None
+    return consumers[0]
+
+
+def _drop_anchor_copies(sch: Schedule, keep) -> None:
+    """rfactor copies the anchor annotation onto its rf block: one anchor per group."""
+    kept = sch.get(keep)
+    for block in _all_blocks(sch):
+        stmt = sch.get(block)
+        if not stmt.same_as(kept) and ANCHOR_ATTR in stmt.annotations:
+            sch.unannotate(block, ANCHOR_ATTR)
+
+
+def _all_blocks(sch: Schedule) -> list:
+    """Every block of the function, nested ones too (rf blocks under a row loop)."""
+    out = []
+
+    def walk(parent):
+        for child in sch.get_child_blocks(parent):
+            out.append(child)
+            walk(child)
+
+    walk(sch.get_sblock("root"))
+    for block in _root_blocks(sch):
+        for loop in sch.get_loops(block)[:1]:
+            for child in sch.get_child_blocks(loop):
+                if child not in out:
+                    out.append(child)
+    return out
+
+
+# ---------------------------------------------------------------- reductions
+
+
+@dataclass
+class _Rows:
+    """The shape of a reduction group, read off its blocks."""
+
+    out: object          # the group's output block
+    out_kind: str        # "red" (the reduction itself), "full" (input-shaped), "rows"
+    reductions: list     # reduction blocks, in order
+    row_mode: bool       # the input's last axis is reduced
+    rows: int            # rows (product of kept extents)
+    k: int               # reduced elements per row
+    c: int               # column mode: the kept last axis
+
+
+def _reduced_dims(sch: Schedule, block) -> tuple[object, set[int]]:
+    """(buffer, dims of it indexed by `block`'s reduction variables) for the largest
+    input the reduction reads."""
+    blk = sch.get(block)
+    rvars = {iv.var for iv in blk.iter_vars if int(iv.iter_type) != DATA_PAR}
+    best = None
+    for region in blk.reads:
+        dims = {d for d, rng in enumerate(region.region) if _vars_in(rng.min) & rvars}
+        if dims and (best is None or len(region.region) > len(best[0].shape)):
+            best = (region.source, dims)
+    if best is None:
+        raise ValueError("reduction block reads no input along its reduction axes")
+    return best
+
+
+def _analyze_rows(sch: Schedule, anchor) -> _Rows:
+    outputs = list(sch.get_output_blocks(sch.get_sblock("root")))
+    if len(outputs) != 1:
+        raise ValueError("a reduction group has one output")
+    out = outputs[0]
+    reductions = [b for b in _root_blocks(sch) if _is_reduction(sch, b)]
+    if not reductions:
+        raise ValueError("no reduction block")
+    buf, dims = _reduced_dims(sch, anchor)
+    shape = [int(d) for d in buf.shape]
+    k = math.prod(shape[d] for d in dims)
+    rows = math.prod(shape) // k
+    row_mode = (len(shape) - 1) in dims
+    out_shape = [int(d) for d in sch.get(out).writes[0].source.shape]
+    if _is_reduction(sch, out):
+        kind = "red"
+    elif out_shape == shape and len(out_shape) > 0 and math.prod(out_shape) != rows:
+        kind = "full"
+    else:
+        kind = "rows"
+    for red in reductions:
+        if math.prod(_extents(sch, _red_loops(sch, red))) != k:
+            raise ValueError("the group's reductions differ in length")
+    return _Rows(out, kind, reductions, row_mode, rows, k, 1 if row_mode else shape[-1])
+
+
+def _red_loops(sch: Schedule, block) -> list:
+    loops = sch.get_loops(block)
+    types = _iter_types(sch, block)
+    n_sp = types.count(DATA_PAR)
+    if len(loops) != len(types) or any(t != DATA_PAR for t in types[:n_sp]):
+        raise ValueError("reduction loops are not innermost")
+    return loops[types.count(DATA_PAR):]
+
+
+def _spatial_loops(sch: Schedule, block) -> list:
+    types = _iter_types(sch, block)
+    return sch.get_loops(block)[: types.count(DATA_PAR)]
+
+
+class RowReduceTemplate(Template):
+    """softmax, log_softmax, layer_norm, variance, reduce: see the module docstring.
+
+    Knobs, row mode:    k_split  (p, ko, kv): K = p * ko * kv; p in {1, cores} splits
+                                 each row across the cores, kv lanes per accumulator
+                        parallel "none" | "rows"
+    Knobs, column mode: c_split  (co, cv): the kept last axis, cv lanes vectorized
+                        parallel "none" | "outer"
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def define_space(self, ctx: ScheduleContext) -> ConfigSpace:
+        info = _analyze_rows(ctx.sch, ctx.block)
+        space = ConfigSpace()
+        if info.row_mode:
+            vecs = set(_vec_options(info.k, ctx.lanes))
+            ps = {1, ctx.cores} if ctx.cores > 1 else {1}
+            space.define_split("k_split", info.k, num_outputs=3,
+                               filter_fn=lambda f: f[0] in ps and f[2] in vecs)
+            space.define_choice("parallel", ["none", "rows"] if info.rows > 1 else ["none"])
+        else:
+            vecs = set(_vec_options(info.c, ctx.lanes))
+            space.define_split("c_split", info.c, num_outputs=2,
+                               filter_fn=lambda f: f[1] in vecs)
+            space.define_choice("parallel", ["none", "outer"])
+        return space
+
+    def fallback(self, space: ConfigSpace, ctx: ScheduleContext) -> Config:
+        info = _analyze_rows(ctx.sch, ctx.block)
+        work = info.rows * info.k
+        big = work >= PARALLEL_MIN_WORK
+        if info.row_mode:
+            kv = _best_vec(info.k, ctx.lanes)
+            # Few long rows: one core would stream the whole row; split it when
+            # a core's share is still at least an L1-sized block.
+            p = ctx.cores if (info.rows < ctx.cores and ctx.cores > 1 and big
+                              and info.k % (ctx.cores * kv) == 0
+                              and info.k * 4 // ctx.cores >= L1_BYTES // 4) else 1
+            values = {"k_split": (p, info.k // (p * kv), kv),
+                      "parallel": "rows" if big and info.rows > 1 else "none"}
+        else:
+            cv = _best_vec(info.c, ctx.lanes)
+            values = {"c_split": (info.c // cv, cv), "parallel": "outer" if big else "none"}
+        return space.from_json(values)
+
+    def apply(self, ctx: ScheduleContext, config: Config) -> None:
+        sch = ctx.sch
+        _inline_spatial_intermediates(sch)
+        info = _analyze_rows(sch, ctx.block)
+        if info.row_mode:
+            _apply_row_mode(sch, info, config)
+        else:
+            _apply_column_mode(sch, info, config)
+        _drop_anchor_copies(sch, ctx.block)
+
+
+def _rfactor(sch: Schedule, block, p: int, ko: int, kv: int):
+    """Split `block`'s (fused) reduction into (p, ko, kv) and rfactor the p x kv part:
+    rf[..., p * kv] accumulates kv lanes per core chunk; `block` then reduces rf."""
+    red = _red_loops(sch, block)
+    k = sch.fuse(*red) if len(red) > 1 else red[0]
+    out_ndim = len(sch.get(block).writes[0].source.shape)
+    if p == 1:
+        k_o, k_v = sch.split(k, [ko, kv])
+        return sch.rfactor(k_v, out_ndim)
+    k_p, k_o, k_v = sch.split(k, [p, ko, kv])
+    sch.reorder(k_p, k_v, k_o)
+    return sch.rfactor(sch.fuse(k_p, k_v), out_ndim)
+
+
+def _finish_rf(sch: Schedule, rf, depth: int, p: int, ko: int, kv: int, par: bool) -> None:
+    """Loop order of an rf block below `depth` enclosing loops: (ko, kv), kv
+    vectorized, its init hoisted out of ko. At the root with p > 1:
+    parallel(rows, p) / ko / kv."""
+    loops = sch.get_loops(rf)[depth:]
+    types = _iter_types(sch, rf)  # rf block: [rows..., p*kv (S), ko (R)] in some order
+    exts = _extents(sch, loops)
+    if p > 1:
+        # at the root, rfactor kept the loops: rows..., (p x kv) fused, ko
+        *rows, f, red = loops
+        fp, fv = sch.split(f, [p, kv])
+        sch.reorder(*rows, fp, red, fv)
+        top = sch.fuse(*rows, fp) if rows else fp
+        sch.parallel(top)
+        if kv > 1:
+            sch.vectorize(fv)
+        sch.decompose_reduction(rf, red)
+        return
+    del types, par
+    if depth == 0:
+        # at the root, rfactor kept the loops: rows..., ko, kv (no rows here)
+        *_, red, lane = loops
+        sch.vectorize(lane)
+        sch.decompose_reduction(rf, red)
+        return
+    # under the row loop: the loops left are kv (spatial) and ko (reduction), either
+    # possibly missing when its extent is 1.
+    lv = [lp for lp, e in zip(loops, exts, strict=True) if e == kv and kv > 1]
+    lo = [lp for lp, e in zip(loops, exts, strict=True) if e == ko and ko > 1
+          and not (lv and lp.same_as(lv[0]))]
+    if kv > 1 and ko > 1:
+        if len(loops) != 2:
+            raise ValueError("unexpected rf loop nest")
+        # compute_at regenerates loops in block-variable order: rf var first
+        sch.reorder(loops[1], loops[0])
+        loops = sch.get_loops(rf)[depth:]
+        sch.vectorize(loops[1])
+        sch.decompose_reduction(rf, loops[0])
+    elif kv > 1:
+        sch.vectorize(lv[0] if lv else loops[-1])
+    elif ko > 1 and lo:
+        sch.decompose_reduction(rf, lo[0])
+
+
+def _apply_row_mode(sch: Schedule, info: _Rows, config: Config) -> None:
+    p, ko, kv = config["k_split"]
+    par = config["parallel"] == "rows"
+    out = info.out
+    rfs = []
+    finals = []
+    if kv > 1 or p > 1:
+        for red in info.reductions:
+            rfs.append(_rfactor(sch, red, p, ko, kv))
+            finals.append(red)
+    # the output's row loop
+    if info.out_kind == "full":
+        buf, dims = _reduced_dims(sch, info.reductions[0])
+        loops = sch.get_loops(out)
+        rows = [lp for d, lp in enumerate(loops) if d not in dims]
+        inner = [lp for d, lp in enumerate(loops) if d in dims]
+        sch.reorder(*rows, *inner)
+        lin = sch.fuse(*inner) if len(inner) > 1 else inner[0]
+        if kv > 1:
+            _, lv = sch.split(lin, [None, kv])
+            sch.vectorize(lv)
+    elif info.out_kind == "red":
+        rows = _spatial_loops(sch, out)
+    else:
+        rows = list(sch.get_loops(out))
+    row = None
+    if rows:
+        row = sch.fuse(*rows) if len(rows) > 1 else rows[0]
+    others = [b for b in _root_blocks(sch) if not _name(sch, b) == _name(sch, out)]
+    if p == 1 and row is not None:
+        for block in reversed(others):
+            sch.compute_at(block, row)
+        if par:
+            sch.parallel(row)
+        for rf in rfs:
+            _finish_rf(sch, rf, 1, p, ko, kv, par)
+        if info.out_kind == "red" and not rfs:
+            red = _red_loops(sch, out)
+            if red and ko > 1:
+                pass  # plain serial reduction (kv == 1): nothing to vectorize
+        return
+    # p > 1, or no rows at all: every pass is its own loop nest at the root
+    for rf in rfs:
+        _finish_rf(sch, rf, 0, p, ko, kv, par)
+    if row is not None and par:
+        sch.parallel(row)
+    for block in others:
+        if block in rfs:
+            continue
+        if _is_reduction(sch, block) or rfs and any(
+                _name(sch, block) == _name(sch, r) for r in rfs):
+            continue
+        loops = sch.get_loops(block)
+        if par and loops and math.prod(_extents(sch, loops)) >= PARALLEL_MIN_WORK:
+            sch.parallel(sch.fuse(*loops) if len(loops) > 1 else loops[0])
+    del finals
+
+
+def _apply_column_mode(sch: Schedule, info: _Rows, config: Config) -> None:
+    co, cv = config["c_split"]
+    par = config["parallel"] == "outer"
+    out = info.out
+    if info.out_kind == "full":
+        buf, dims = _reduced_dims(sch, info.reductions[0])
+        loops = sch.get_loops(out)
+        rows = [lp for d, lp in enumerate(loops[:-1]) if d not in dims]
+        inner = [lp for d, lp in enumerate(loops) if d in dims]
+        c_o, c_v = sch.split(loops[-1], [co, cv])
+        sch.reorder(*rows, c_o, *inner, c_v)
+    elif info.out_kind == "red":
+        spatial = _spatial_loops(sch, out)
+        red = _red_loops(sch, out)
+        rows = spatial[:-1]
+        c_o, c_v = sch.split(spatial[-1], [co, cv])
+        sch.reorder(*rows, c_o, *red, c_v)
+    else:
+        loops = sch.get_loops(out)
+        rows = loops[:-1]
+        c_o, c_v = sch.split(loops[-1], [co, cv])
+    outer = sch.fuse(*rows, c_o) if rows else c_o
+    others = [b for b in _root_blocks(sch) if _name(sch, b) != _name(sch, out)]
+    for block in reversed(others):
+        sch.compute_at(block, outer)
+    if par:
+        sch.parallel(outer)
+    for block in [*others, out]:
+        _vectorize_column(sch, block, cv)
+
+
+def _vectorize_column(sch: Schedule, block, cv: int) -> None:
+    """Below the outer loop: reduction loops first, the cv lane loop innermost and
+    vectorized, the init hoisted before the reduction loops."""
+    loops = sch.get_loops(block)[1:]
+    if not loops:
+        return
+    exts = _extents(sch, loops)
+    if _is_reduction(sch, block):
+        blk = sch.get(block)
+        n_red = sum(1 for iv in blk.iter_vars
+                    if int(iv.iter_type) != DATA_PAR and int(iv.dom.extent) > 1)
+        red = loops[len(loops) - n_red:] if n_red else []
+        spatial = loops[: len(loops) - n_red]
+        if spatial and red:
+            sch.reorder(*red, *spatial)
+        if spatial and cv > 1:
+            lane = spatial[-1]
+            if _extent(sch, lane) == cv:
+                sch.vectorize(lane)
+        if red:
+            sch.decompose_reduction(block, red[0])
+        return
+    if cv > 1 and exts[-1] == cv:
+        sch.vectorize(loops[-1])
+
+
+for _kind in ("reduce", "variance", "softmax", "log_softmax", "layer_norm"):
+    register_template(RowReduceTemplate(_kind))
+
+
+# ---------------------------------------------------------------- pools
+
+
+def _pool_pad(sch: Schedule, block):
+    pads = [p for p in sch.get_producers(block)
+            if not _is_reduction(sch, p) and "pad" in _name(sch, p)]
+    return pads[0] if pads else None
+
+
+def _is_global_pool(sch: Schedule, block) -> bool:
+    loops = sch.get_loops(block)
+    exts = _extents(sch, loops)
+    return exts[2] == 1 and exts[3] == 1 and _pool_pad(sch, block) is None
+
+
+class PoolTemplate(Template):
+    """Window reductions (max / avg / adaptive pools), NCHW (n, c, oh, ow, rh, rw) and
+    NCHW{c}c (n, cc, oh, ow, cb, rh, rw):
+        parallel(n, c[, oh]) / ow_o / rh, rw / ow_i / [cb]
+    NCHW vectorizes ow_i; NCHW{c}c vectorizes cb and unrolls ow_i (ow_i x cb
+    accumulators in registers). The elementwise epilogue (the average's division,
+    a fused relu) runs under ow_o on the finished tile.
+    Knobs: ow_split (ow_o, ow_i) exact; parallel 0 (serial) | 2 (n x c) | 3 (n x c x oh);
+    unroll_window bool; pad "root" | "inline" | "compute_at" (padded pools only: the
+    padded plane materialized once, read in place with a bounds check, or produced
+    under the parallel loop, while it is in cache).
+    A global pool (one output per channel, no padding) is a row reduction: it takes the
+    reduction template's knobs (k_split / c_split, parallel)."""
+
+    name = "pool"
+
+    def __init__(self) -> None:
+        self._rows = RowReduceTemplate("pool")
+
+    def define_space(self, ctx: ScheduleContext) -> ConfigSpace:
+        sch, block = ctx.sch, ctx.block
+        if _is_global_pool(sch, block):
+            return self._rows.define_space(ctx)
+        loops = sch.get_loops(block)
+        exts = _extents(sch, loops)
+        nchwc = len(loops) == 7
+        ow = exts[3]
+        limit = 8 if nchwc else 2 * ctx.lanes
+        space = ConfigSpace()
+        space.define_split("ow_split", ow, num_outputs=2, max_factor=limit)
+        space.define_choice("parallel", [0, 2, 3])
+        space.define_bool("unroll_window")
+        if _pool_pad(sch, block) is not None:
+            space.define_choice("pad", ["root", "inline", "compute_at"])
+        return space
+
+    def fallback(self, space: ConfigSpace, ctx: ScheduleContext) -> Config:
+        sch, block = ctx.sch, ctx.block
+        if _is_global_pool(sch, block):
+            return self._rows.fallback(space, ctx)
+        loops = sch.get_loops(block)
+        exts = _extents(sch, loops)
+        nchwc = len(loops) == 7
+        ow = exts[3]
+        if nchwc:
+            inner = max(d for d in _divisors(ow) if d <= 4)  # a few vectors of cb
+        else:
+            inner = _best_vec(ow, ctx.lanes) if ow >= 4 else 1
+            inner = inner if inner <= 2 * ctx.lanes else 1
+        work = math.prod(exts)
+        nc = exts[0] * exts[1]
+        parallel = 0 if work < PARALLEL_MIN_WORK else (2 if nc >= 4 * ctx.cores else 3)
+        values = {"ow_split": (ow // inner, inner), "parallel": parallel,
+                  "unroll_window": exts[-1] * exts[-2] <= 16}
+        if "pad" in space:
+            # a plane that fits in L2 is best padded under the (n, c) loop
+            h_pad = exts[2] * exts[-2] * (4 if nchwc else 1)
+            values["pad"] = "compute_at" if parallel == 2 and h_pad * 4 < L2_BYTES else "root"
+        return space.from_json(values)
+
+    def apply(self, ctx: ScheduleContext, config: Config) -> None:
+        sch, block = ctx.sch, ctx.block
+        if _is_global_pool(sch, block):
+            self._rows.apply(ctx, config)
+            return
+        pad = _pool_pad(sch, block)
+        pad_mode = config["pad"] if "pad" in config else "root"
+        if pad is not None and pad_mode == "inline":
+            sch.compute_inline(pad)
+            pad = None
+        loops = sch.get_loops(block)
+        nchwc = len(loops) == 7
+        if nchwc:
+            n, c, oh, ow, cb, rh, rw = loops
+        elif len(loops) == 6:
+            n, c, oh, ow, rh, rw = loops
+            cb = None
+        else:
+            raise ValueError("pool template expects (n, c, oh, ow, [cb,] rh, rw)")
+        _, inner = config["ow_split"]
+        owo, owi = sch.split(ow, [None, inner])
+        sch.reorder(n, c, oh, owo, rh, rw, owi, *([cb] if cb is not None else []))
+        depth = config["parallel"]
+        nc = sch.fuse(n, c)
+        outer = sch.fuse(nc, oh) if depth == 3 else nc
+        epilogue = _identity_consumer(sch, block)
+        if epilogue is not None:
+            sch.reverse_compute_at(epilogue, owo, preserve_unit_loops=True)
+            tail = sch.get_loops(epilogue)[-1]
+            if _extent(sch, tail) > 1 and (nchwc or inner > 1):
+                sch.vectorize(tail)
+        if pad is not None:
+            if pad_mode == "compute_at":
+                sch.compute_at(pad, outer)
+            elif depth:
+                ploops = sch.get_loops(pad)
+                sch.parallel(sch.fuse(ploops[0], ploops[1]))
+        if depth:
+            sch.parallel(outer)
+        if config["unroll_window"]:
+            sch.unroll(rh)
+            sch.unroll(rw)
+        if nchwc:
+            if inner > 1:
+                sch.unroll(owi)
+            sch.vectorize(cb)
+        elif inner > 1:
+            sch.vectorize(owi)  # before decompose: the update block alone is not "complete"
+        init = sch.decompose_reduction(block, rh)
+        tail = sch.get_loops(init)[-1]
+        if _extent(sch, tail) > 1 and (nchwc or inner > 1):
+            sch.vectorize(tail)
+
+
+register_template(PoolTemplate())
+
+
+# ---------------------------------------------------------------- injective groups
+
+
+class InjectiveTemplate(Template):
+    """A group of elementwise / broadcast / injective ops, inlined into its output
+    block(s) (the anchor: the last output).
+    Knobs: fuse "all" (one flat loop) | "inner" (the last axis kept apart: its vector
+    is contiguous even when a transpose makes the flat index strided);
+    vec lanes of the innermost split (1: scalar); unroll (vectors per step, unrolled);
+    chunks: parallel chunking of the outer loop, 0 serial, -1 one task per
+    iteration, n: n contiguous chunks.
+    Ragged splits keep TVM's predicate: every value is valid for every shape."""
+
+    name = "injective"
+
+    def define_space(self, ctx: ScheduleContext) -> ConfigSpace:
+        space = ConfigSpace()
+        space.define_choice("fuse", ["all", "inner"])
+        space.define_choice("vec", [1, ctx.lanes // 2, ctx.lanes, 2 * ctx.lanes])
+        space.define_choice("unroll", [1, 2, 4])
+        space.define_choice("chunks", [0, -1, ctx.cores, 4 * ctx.cores])
+        return space
+
+    def fallback(self, space: ConfigSpace, ctx: ScheduleContext) -> Config:
+        exts = _extents(ctx.sch, ctx.sch.get_loops(ctx.block))
+        total = math.prod(exts) if exts else 1
+        last = exts[-1] if exts else 1
+        inner_ok = last % ctx.lanes == 0 or last >= 4 * ctx.lanes
+        values = {"fuse": "inner" if inner_ok and len(exts) > 1 else "all",
+                  "vec": ctx.lanes if total >= ctx.lanes else 1,
+                  "unroll": 2 if total >= 64 * ctx.lanes else 1,
+                  "chunks": -1 if total >= PARALLEL_MIN_WORK else 0}
+        return space.from_json(values)
+
+    def apply(self, ctx: ScheduleContext, config: Config) -> None:
+        _inline_spatial_intermediates(ctx.sch)
+        _schedule_spatial(ctx.sch, ctx.block, config)
+
+
+def _schedule_spatial(sch: Schedule, block, config: Config) -> None:
+    loops = sch.get_loops(block)
+    if not loops or _is_reduction(sch, block):
+        return
+    exts = _extents(sch, loops)
+    vec, unroll, chunks = config["vec"], config["unroll"], config["chunks"]
+    if config["fuse"] == "inner" and len(loops) > 1:
+        *outer, last = loops
+        inner_ext = exts[-1]
+    else:
+        outer, last = [], sch.fuse(*loops) if len(loops) > 1 else loops[0]
+        inner_ext = math.prod(exts)
+    vec = min(vec, inner_ext)
+    factors = [None, unroll, vec] if unroll > 1 and inner_ext >= unroll * vec else [None, vec]
+    parts = sch.split(last, factors) if vec > 1 else [last]
+    lane = parts[-1] if vec > 1 else None
+    if vec > 1 and len(parts) == 3:
+        sch.unroll(parts[1])
+    top_parts = [*outer, parts[0]]
+    top = sch.fuse(*top_parts) if len(top_parts) > 1 else top_parts[0]
+    if chunks > 0 and _extent(sch, top) > chunks:
+        top, _ = sch.split(top, [chunks, None])
+    if chunks != 0 and _extent(sch, top) > 1:
+        sch.parallel(top)
+    if lane is not None:
+        sch.vectorize(lane)
+
+
+TEMPLATES_INJECTIVE = register_template(InjectiveTemplate())
+
+
+def schedule_injective_group(sch: Schedule, target: tvm.target.Target,
+                             config: Config | None = None) -> Config:
+    """Schedule a group without an anchor: inline its intermediates, then give every
+    root block the injective template's config (the given one, else the fallback of
+    the last output block's space). Returns the config used."""
+    template = TEMPLATES_INJECTIVE
+    _inline_spatial_intermediates(sch)
+    outputs = list(sch.get_output_blocks(sch.get_sblock("root")))
+    if not outputs:
+        raise ValueError("a group without outputs")
+    ctx = context_for(sch, outputs[-1], target)
+    if config is None:
+        config = template.fallback(template.define_space(ctx), ctx)
+    for block in _root_blocks(sch):
+        _schedule_spatial(sch, block, config)
+    return config
+
+
+def injective_context(sch: Schedule, target: tvm.target.Target) -> ScheduleContext:
+    """The context a tuner needs for an anchor-less group: its last output block."""
+    outputs = list(sch.get_output_blocks(sch.get_sblock("root")))
+    return context_for(sch, outputs[-1], target)
+

@@ -607,6 +607,11 @@ class LocalRunner:
                 continue
             try:
                 ref_inputs, expected = self._reference(inp.task)
+                # tasks whose configs change the kernel's layout (conv channel blocks,
+                # dense weight packing) convert the canonical reference to it
+                adapt = getattr(inp.task, "adapt_io", None)
+                if adapt is not None:
+                    ref_inputs, expected = adapt(inp.config, ref_inputs, expected)
             except Exception as exc:  # noqa: BLE001 - a broken task fails its candidates
                 pending_failures.append((i, MeasureResult(
                     [], _error(RUN_ERROR, f"reference failed: {type(exc).__name__}: {exc}"),

@@ -38,6 +38,10 @@ class TunableTask(Protocol):
         build if it has one it trusts. Measured candidates are compared with these;
         the first candidate that happens to run is never used as the reference, since
         it may be the wrong one. Runs in the tuner's process, once per task.
+    adapt_io(config, inputs, expected) (optional): the reference inputs and outputs
+        in the layout `config`'s kernel takes (schedules.tasks.Task: a conv's channel
+        blocks and a dense's weight packing are knobs); the runner calls it per
+        candidate when the task has it.
     """
 
     name: str

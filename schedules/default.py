@@ -4,11 +4,13 @@ Shape of what it does, in order:
 1. inline every pure injective block that is not an output into its consumers
    (elementwise chains, broadcasts, reshapes, scalar constants), so that a fused
    epilogue becomes ONE block reading the anchor's result;
-2. anchors ("tecc.anchor" annotation from computes.py) get a tiled template:
-   dense / matmul: register tile mb x nb (nb = 2 vectors), weight packed for dense,
-   accumulator in a local buffer, epilogue computed under the tile loop;
-   conv2d (NCHW): tile oc x ow (ow vectorized), reduction inside, same epilogue;
-   pool: ow vectorized under the window loops;
+2. anchors ("tecc.anchor" annotation from computes.py) get a template: the one
+   registered for the anchor kind in schedules/template.py's TEMPLATES (tunable:
+   a config space, a fallback config, a config from the caller's chooser; dense /
+   matmul / batch_matmul in templates_dense.py, the NCHWc convs in
+   templates_conv.py, others in further template modules), else a fixed schedule
+   here (_TEMPLATES: the NCHW conv2d, pools): the accumulator in a local buffer, the
+   fused epilogue computed under the tile loop;
 3. every block still at the root gets parallel outer loops and a vectorized
    inner loop when the extents allow.
 Each template runs on a copy of the schedule; if any primitive refuses (ScheduleError),
@@ -344,55 +346,6 @@ def _vectorize_tail(sch: Schedule, block, lanes: int) -> None:
         sch.vectorize(vi)
 
 
-def _dense_like(sch: Schedule, block, lanes: int, pack_weight: bool) -> None:
-    """C[m, n] (+batch) = sum_k A * B: register tile mb x nb, nb vectorized.
-    Loop nest: parallel(batch, mo, no) / ko / ki / mi (unrolled) / ni (vectorized)."""
-    loops = sch.get_loops(block)
-    types = _iter_types(sch, block)
-    if types[-1] != COMM_REDUCE or types.count(COMM_REDUCE) != 1:
-        raise ValueError("dense template needs exactly one reduction axis, innermost")
-    *spatial, k = loops
-    exts = [_extent(sch, lp) for lp in loops]
-    n_ext, k_ext = exts[-2], exts[-1]
-    if len(spatial) < 2:
-        raise ValueError("dense template needs an M and an N axis")
-    # Leading axes stay separate "batch" loops: fusing them into M makes the tile's
-    # region non-rectangular and reverse_compute_at over-approximates it.
-    batch, m = spatial[:-2], spatial[-2]
-    m_ext = exts[-3]
-    n = spatial[-1]
-    nb = 2 * lanes if n_ext % (2 * lanes) == 0 else _largest_divisor(n_ext, lanes, pow2=True)
-    if nb < 4:
-        raise ValueError(f"N={n_ext} has no vector-sized divisor")
-    mb = _largest_divisor(m_ext, 4)
-    kb = _largest_divisor(k_ext, 256)
-
-    if pack_weight:
-        # packed[..., N/nb, K, nb]: each k step reads nb contiguous values of B, and a
-        # tile's panel of B is one contiguous block (no cache-set conflicts).
-        sch.cache_read(block, 1, "global")
-        sch.transform_layout(block, ("read", 1), _pack_map(sch.get(block), nb))
-    acc = sch.cache_write(block, 0, "local")
-    mo, mi = sch.split(m, [None, mb])
-    no, ni = sch.split(n, [None, nb])
-    ko, ki = sch.split(k, [None, kb])
-    sch.reorder(*batch, mo, no, ko, ki, mi, ni)
-    target = _epilogue_target(sch, block, acc)
-    sch.reverse_compute_at(target, no, preserve_unit_loops=True)
-    top = sch.fuse(*batch, mo, no)
-    if math.prod(exts) >= PARALLEL_MIN_WORK:
-        sch.parallel(top)
-    sch.unroll(mi)
-    sch.vectorize(ni)
-    init = sch.decompose_reduction(block, ko)
-    _vectorize_tail(sch, target, lanes)
-    _vectorize_tail(sch, init, lanes)
-    if pack_weight:
-        for b in _root_blocks(sch):
-            if _block_name(sch, b).endswith("_global"):
-                _pack_schedule(sch, b, lanes)
-
-
 def _pack_map(block, nb: int):
     """Index map packing operand B of a dense-like block to [..., N/nb, K, nb]:
     B[..., n, k] for dense and matmul_nt, B[..., k, n] for matmul."""
@@ -412,14 +365,6 @@ def _pack_schedule(sch: Schedule, block, lanes: int) -> None:
     ext = math.prod(_extent(sch, lp) or 1 for lp in loops)
     if ext >= PARALLEL_MIN_WORK:
         sch.parallel(loops[0])
-
-
-def _dense(sch: Schedule, block, lanes: int) -> None:
-    _dense_like(sch, block, lanes, pack_weight=True)
-
-
-def _matmul(sch: Schedule, block, lanes: int) -> None:
-    _dense_like(sch, block, lanes, pack_weight=True)
 
 
 def _conv2d(sch: Schedule, block, lanes: int) -> None:
@@ -459,67 +404,6 @@ def _acc_budget(lanes: int, vecs: int) -> int:
         return max(vecs, CONV_ACC_VECTORS)
     registers = 32 if lanes >= 16 else 16
     return max(vecs, min(28, registers - vecs - 1))
-
-
-def _conv2d_nchwc(sch: Schedule, block, lanes: int) -> None:
-    """Blocked conv (data [N, C/ic, H, W, ic], output [N, OC/oc, OH, OW, oc]):
-    parallel(n, oc_chunk, oh) / ow_o / ic_chunk, kh, kw (unrolled), ic /
-    ow_i (unrolled) / oc (vectorized). The ow_i x oc accumulators stay in registers
-    (`_acc_budget`: what the weight vectors and the broadcast input leave); the epilogue (bias, activation, residual add) runs under ow_o on the finished tile."""
-    loops = sch.get_loops(block)
-    if len(loops) != 9:
-        raise ValueError("conv2d_NCHWc template expects n, occ, oh, ow, oc, icc, kh, kw, ic")
-    n, occ, oh, ow, ocb, icc, kh, kw, ic = loops
-    exts = [_extent(sch, lp) for lp in loops]
-    if any(e is None for e in exts):
-        raise ValueError("symbolic extents")
-    ow_ext, oc_ext = exts[3], exts[4]
-    vecs = max(1, -(-oc_ext // lanes))
-    owb = _largest_divisor(ow_ext, _acc_budget(lanes, vecs) // vecs)
-    acc = sch.cache_write(block, 0, "local")
-    owo, owi = sch.split(ow, [None, owb])
-    sch.reorder(n, occ, oh, owo, icc, kh, kw, ic, owi, ocb)
-    target = _epilogue_target(sch, block, acc)
-    sch.reverse_compute_at(target, owo, preserve_unit_loops=True)
-    top = sch.fuse(n, occ, oh)
-    if math.prod(exts) >= PARALLEL_MIN_WORK:
-        sch.parallel(top)
-    sch.unroll(owi)
-    if exts[7] <= 7:
-        sch.unroll(kw)
-    sch.vectorize(ocb)
-    init = sch.decompose_reduction(block, icc)
-    _vectorize_tail(sch, target, lanes)
-    _vectorize_tail(sch, init, lanes)
-
-
-def _depthwise_nchwc(sch: Schedule, block, lanes: int) -> None:
-    """Depthwise blocked conv: parallel(n, c_chunk, oh) / ow_o / kh, kw / ow_i
-    (unrolled) / c (vectorized)."""
-    loops = sch.get_loops(block)
-    if len(loops) != 7:
-        raise ValueError("depthwise_conv2d_NCHWc template expects n, cc, oh, ow, c, kh, kw")
-    n, cc, oh, ow, cb, kh, kw = loops
-    exts = [_extent(sch, lp) for lp in loops]
-    if any(e is None for e in exts):
-        raise ValueError("symbolic extents")
-    vecs = max(1, -(-exts[4] // lanes))
-    owb = _largest_divisor(exts[3], _acc_budget(lanes, vecs) // vecs)
-    acc = sch.cache_write(block, 0, "local")
-    owo, owi = sch.split(ow, [None, owb])
-    sch.reorder(n, cc, oh, owo, kh, kw, owi, cb)
-    target = _epilogue_target(sch, block, acc)
-    sch.reverse_compute_at(target, owo, preserve_unit_loops=True)
-    top = sch.fuse(n, cc, oh)
-    if math.prod(exts) >= PARALLEL_MIN_WORK:
-        sch.parallel(top)
-    sch.unroll(owi)
-    if exts[6] <= 7:
-        sch.unroll(kw)
-    sch.vectorize(cb)
-    init = sch.decompose_reduction(block, kh)
-    _vectorize_tail(sch, target, lanes)
-    _vectorize_tail(sch, init, lanes)
 
 
 def _pool(sch: Schedule, block, lanes: int) -> None:
@@ -569,12 +453,9 @@ def _pool_nchwc(sch: Schedule, block, lanes: int) -> None:
 
 
 _PADDED_ANCHORS = ("conv2d", "pool", "conv2d_NCHWc", "depthwise_conv2d_NCHWc")
+# Fixed schedules for anchor kinds no registered template serves (yet): the NCHW
+# conv (when the layout pass is off) and the pools (until a pool template registers).
 _TEMPLATES = {
-    "dense": _dense,
-    "matmul": _matmul,
-    "matmul_nt": _matmul,
     "conv2d": _conv2d,
-    "conv2d_NCHWc": _conv2d_nchwc,
-    "depthwise_conv2d_NCHWc": _depthwise_nchwc,
     "pool": _pool,
 }

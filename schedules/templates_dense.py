@@ -30,7 +30,6 @@ from schedules.default import (
     COMM_REDUCE,
     PARALLEL_MIN_WORK,
     _epilogue_target,
-    _extent,
     _iter_types,
     _pack_map,
     _pack_schedule,
@@ -178,10 +177,13 @@ class DenseLikeTemplate(Template):
         """nb of a weight packed at compile time (dense_pack), else None."""
         if ctx.kind != "dense_pack":
             return None
+        _, _, n, k = dense_dims(ctx)
         block = ctx.sch.get(ctx.block)
-        for region in block.reads:
-            if len(region.source.shape) == 3:
-                return int(region.source.shape[2])
+        for region in block.reads:  # Wp[N/nb, K, nb] (x[..., K] may be 3-D as well)
+            shape = [int(d) for d in region.source.shape]
+            if len(shape) == 3 and shape[1] == k and shape[0] * shape[2] == n and (
+                    shape[2] != k or shape[0] * k == n):
+                return shape[2]
         return None
 
     def fallback(self, space: ConfigSpace, ctx: ScheduleContext) -> Config:

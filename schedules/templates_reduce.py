@@ -43,6 +43,9 @@ from schedules.template import ScheduleContext, Template, register_template
 ANCHOR_ATTR = "tecc.anchor"
 DATA_PAR = 0
 PARALLEL_MIN_WORK = 16384  # elements: below, thread start-up costs more than it saves
+# Row reductions stream their input at a few elements per ns: measured on the 2-core
+# AVX2 host, 25K-element reductions (global pool 512x7x7) ran 2-3x slower parallel.
+ROW_PARALLEL_MIN_WORK = 65536
 
 
 # ---------------------------------------------------------------- target facts
@@ -302,7 +305,7 @@ class RowReduceTemplate(Template):
     def fallback(self, space: ConfigSpace, ctx: ScheduleContext) -> Config:
         info = _analyze_rows(ctx.sch, ctx.block)
         work = info.rows * info.k
-        big = work >= PARALLEL_MIN_WORK
+        big = work >= ROW_PARALLEL_MIN_WORK
         if info.row_mode:
             kv = _best_vec(info.k, ctx.lanes)
             # Few long rows: one core would stream the whole row; split it when
@@ -342,12 +345,11 @@ def _rfactor(sch: Schedule, block, p: int, ko: int, kv: int):
     return sch.rfactor(sch.fuse(k_p, k_v), out_ndim)
 
 
-def _finish_rf(sch: Schedule, rf, depth: int, p: int, ko: int, kv: int, par: bool) -> None:
+def _finish_rf(sch: Schedule, rf, depth: int, p: int, ko: int, kv: int) -> None:
     """Loop order of an rf block below `depth` enclosing loops: (ko, kv), kv
     vectorized, its init hoisted out of ko. At the root with p > 1:
     parallel(rows, p) / ko / kv."""
     loops = sch.get_loops(rf)[depth:]
-    types = _iter_types(sch, rf)  # rf block: [rows..., p*kv (S), ko (R)] in some order
     exts = _extents(sch, loops)
     if p > 1:
         # at the root, rfactor kept the loops: rows..., (p x kv) fused, ko
@@ -360,7 +362,6 @@ def _finish_rf(sch: Schedule, rf, depth: int, p: int, ko: int, kv: int, par: boo
             sch.vectorize(fv)
         sch.decompose_reduction(rf, red)
         return
-    del types, par
     if depth == 0:
         # at the root, rfactor kept the loops: rows..., ko, kv (no rows here)
         *_, red, lane = loops
@@ -390,15 +391,10 @@ def _apply_row_mode(sch: Schedule, info: _Rows, config: Config) -> None:
     p, ko, kv = config["k_split"]
     par = config["parallel"] == "rows"
     out = info.out
-    rfs = []
-    finals = []
-    if kv > 1 or p > 1:
-        for red in info.reductions:
-            rfs.append(_rfactor(sch, red, p, ko, kv))
-            finals.append(red)
+    rfs = [_rfactor(sch, red, p, ko, kv) for red in info.reductions] if kv > 1 or p > 1 else []
     # the output's row loop
     if info.out_kind == "full":
-        buf, dims = _reduced_dims(sch, info.reductions[0])
+        _, dims = _reduced_dims(sch, info.reductions[0])
         loops = sch.get_loops(out)
         rows = [lp for d, lp in enumerate(loops) if d not in dims]
         inner = [lp for d, lp in enumerate(loops) if d in dims]
@@ -414,34 +410,22 @@ def _apply_row_mode(sch: Schedule, info: _Rows, config: Config) -> None:
     row = None
     if rows:
         row = sch.fuse(*rows) if len(rows) > 1 else rows[0]
-    others = [b for b in _root_blocks(sch) if not _name(sch, b) == _name(sch, out)]
+    others = [b for b in _root_blocks(sch) if _name(sch, b) != _name(sch, out)]
     if p == 1 and row is not None:
+        # one pass over each row: its reductions computed under the row loop
         for block in reversed(others):
             sch.compute_at(block, row)
         if par:
             sch.parallel(row)
         for rf in rfs:
-            _finish_rf(sch, rf, 1, p, ko, kv, par)
-        if info.out_kind == "red" and not rfs:
-            red = _red_loops(sch, out)
-            if red and ko > 1:
-                pass  # plain serial reduction (kv == 1): nothing to vectorize
+            _finish_rf(sch, rf, 1, p, ko, kv)
         return
-    # p > 1, or no rows at all: every pass is its own loop nest at the root
+    # p > 1, or no rows at all: every pass is its own loop nest at the root (the rf
+    # passes parallel over rows x p; the final reductions over p x kv are short)
     for rf in rfs:
-        _finish_rf(sch, rf, 0, p, ko, kv, par)
+        _finish_rf(sch, rf, 0, p, ko, kv)
     if row is not None and par:
         sch.parallel(row)
-    for block in others:
-        if block in rfs:
-            continue
-        if _is_reduction(sch, block) or rfs and any(
-                _name(sch, block) == _name(sch, r) for r in rfs):
-            continue
-        loops = sch.get_loops(block)
-        if par and loops and math.prod(_extents(sch, loops)) >= PARALLEL_MIN_WORK:
-            sch.parallel(sch.fuse(*loops) if len(loops) > 1 else loops[0])
-    del finals
 
 
 def _apply_column_mode(sch: Schedule, info: _Rows, config: Config) -> None:
@@ -449,7 +433,7 @@ def _apply_column_mode(sch: Schedule, info: _Rows, config: Config) -> None:
     par = config["parallel"] == "outer"
     out = info.out
     if info.out_kind == "full":
-        buf, dims = _reduced_dims(sch, info.reductions[0])
+        _, dims = _reduced_dims(sch, info.reductions[0])
         loops = sch.get_loops(out)
         rows = [lp for d, lp in enumerate(loops[:-1]) if d not in dims]
         inner = [lp for d, lp in enumerate(loops) if d in dims]

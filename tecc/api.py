@@ -15,13 +15,16 @@ import runtime
 from frontend.importer import ImportedModel, from_torch, load_pt2
 from frontend.ir import Function
 from frontend.printer import astext
+from graph_opt.dense_pack import make_pack_dense
 from graph_opt.fuse_ops import primitive_per_op
+from graph_opt.layout import make_convert_layout
 from graph_opt.pass_manager import PassTrace, get_pass, run_passes
 from graph_opt.pipeline import optimize
 from schedules.target import resolve_target, target_to_json, vector_lanes
 from tecc import __version__
 from tecc.build import BuildResult, build
 from tecc.summary import CompileSummary, summarize
+from tecc.tuning import RecordsArg, TuningContext, task_table, warn_untuned
 
 
 class CompiledModel:
@@ -36,6 +39,7 @@ class CompiledModel:
         self.target = target
         self.timings = timings
         self.plan = result.plan
+        self.records_digest: str | None = None
         self._executor = runtime.Executor(result.executable, result.plan, result.params)
 
     @property
@@ -62,8 +66,21 @@ class CompiledModel:
             self.build_result.executable,
             self.plan,
             self.build_result.params,
-            {"tecc": __version__, "target": target_to_json(self.target), "records_digest": None},
+            {"tecc": __version__, "target": target_to_json(self.target),
+             "records_digest": self.records_digest},
         )
+
+    def tasks(self) -> list[dict]:
+        """The model's tuning tasks, one per distinct workload: workload_key (canonical
+        JSON), workload, template, anchor kind, space_size, the config used and its
+        source ("exact" / "compatible": a tuning record; "fallback": the template's
+        heuristic; "generic": the template refused), and the kernels using it."""
+        return task_table(self.build_result.kernels)
+
+    def tuning_report(self) -> str:
+        rows = [f"{t['source']:<10} {t['template']:<24} space {t['space_size']:<7} "
+                f"{t['workload_key']}" for t in self.tasks()]
+        return "\n".join(rows)
 
     def summary(self) -> CompileSummary:
         """Kernels (one per fused group: ops, shapes, name, anchor op) and memory
@@ -103,11 +120,16 @@ def compile(  # noqa: A001 - the natural name, as torch.compile
     target: str = "llvm",
     opt_level: int = 3,
     print_after: Sequence[str] | None = None,
+    records: RecordsArg = None,
 ) -> CompiledModel:
     """Compile `model` for `target` ("llvm" = this CPU, "llvm:<cpu>", "cuda[:sm_XX]").
 
     opt_level 0 runs no graph optimization (one kernel per op); 3 runs them all.
-    `print_after` names passes after which the IR is printed (as TECC_PRINT_AFTER)."""
+    `print_after` names passes after which the IR is printed (as TECC_PRINT_AFTER).
+    `records`: tuning records (a .jsonl path, a folder of them or a list, merged); each
+    workload gets its best record for this target (exact, else a compatible target),
+    else its template's fallback config; one warning lists the untuned workloads.
+    `cm.tasks()` tells what each workload got."""
     timings: dict[str, float] = {}
     start = time.perf_counter()
     imported = import_model(model, example_inputs)
@@ -118,7 +140,12 @@ def compile(  # noqa: A001 - the natural name, as torch.compile
     # The CPU layout pass blocks channels by the vector width (0 turns it off).
     lanes = vector_lanes(tvm_target) if tvm_target.kind.name == "llvm" else 0
     func = imported.func.with_attrs(cpu_vector_lanes=lanes)
-    optimized = optimize(func, opt_level, print_after, trace)
+    tuning = TuningContext(records, tvm_target, lanes)
+    overrides = {
+        "convert_layout_nchwc": make_convert_layout(conv_blocks_fn=tuning.conv_blocks),
+        "pack_dense_weights": make_pack_dense(nb_fn=tuning.dense_block),
+    }
+    optimized = optimize(func, opt_level, print_after, trace, overrides)
     if opt_level >= 1:
         partitioned = run_passes(optimized, [get_pass("fuse_ops")], opt_level, print_after, trace)
     else:
@@ -126,8 +153,11 @@ def compile(  # noqa: A001 - the natural name, as torch.compile
     timings["graph_s"] = time.perf_counter() - start
     result = build(partitioned, tvm_target, [s.name for s in imported.inputs],
                    [s.name for s in imported.outputs], imported.output_structure,
-                   imported.param_names)
+                   imported.param_names, config_fn=tuning.config)
     timings["build_s"] = result.build_seconds
     compiled = CompiledModel(imported, partitioned, result, tvm_target, timings)
     compiled.passes = [name for name, _ in trace.ran]
+    compiled.records_digest = tuning.digest
+    if tuning.given:
+        warn_untuned(compiled.tasks())
     return compiled

@@ -42,6 +42,9 @@ class KernelInfo:
     input_shapes: list[tuple[int, ...]]
     output_shapes: list[tuple[int, ...]]
     calls: int = 0
+    # what each anchor's template did (schedules.default.AppliedTemplate): workload,
+    # template, space size, config used and its source ("fallback", "exact", ...)
+    templates: list = field(default_factory=list)
 
 
 @dataclass
@@ -103,7 +106,10 @@ def build(
     output_structure: dict,
     param_names: dict[int, str] | None = None,
     plan_memory_reuse: bool = True,
+    config_fn=None,
 ) -> BuildResult:
+    """`config_fn(workload) -> config JSON | (config JSON, source) | None` picks each
+    anchor's schedule config (None: the template's fallback)."""
     start = time.perf_counter()
     param_names = param_names or {}
     tensors: list[dict] = []
@@ -155,10 +161,11 @@ def build(
             if digest not in kernel_by_digest:
                 name = _kernel_name(len(kernel_by_digest), ops_of(prim), anchor_of(prim))
                 kernel_by_digest[digest] = name
-                prim_funcs[name] = lower_primitive(prim, name, target)
+                prim_funcs[name], applied = lower_primitive(prim, name, target, config_fn,
+                                                            return_info=True)
                 kernels[name] = KernelInfo(name, ops_of(prim), anchor_of(prim),
                                            [p.shape for p in prim.params],
-                                           [t.shape for t in out_types])
+                                           [t.shape for t in out_types], templates=applied)
             name = kernel_by_digest[digest]
             kernels[name].calls += 1
             candidates = _inplace_params(prim)

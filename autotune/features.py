@@ -1,0 +1,93 @@
+"""Features of a candidate for the cost model: the scheduled loop nest (TVM's
+per-store features: loop extents and kinds, vectorization, parallelism, arithmetic
+counts, buffer accesses with strides and touched bytes), summarized over the stores
+of the kernel, followed by the knob values of its config.
+
+Features are cached per (task, config index): simulated annealing asks for the same
+configs again and again.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+_EXTRACTOR: Any = None
+
+
+def _per_store_extractor() -> Any:
+    global _EXTRACTOR
+    if _EXTRACTOR is None:
+        from tvm.s_tir import meta_schedule as ms
+
+        _EXTRACTOR = ms.feature_extractor.PerStoreFeature()
+    return _EXTRACTOR
+
+
+LOOP_FEATURES = 164 * 3  # mean, max and sum over the stores of PerStoreFeature's 164
+
+
+def loop_nest_features(primfunc: Any, target: Any) -> np.ndarray:
+    """Per-store features of a scheduled PrimFunc, summarized to a fixed length."""
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+    from tvm.s_tir.schedule import Schedule
+
+    mod = tvm.IRModule({"main": primfunc})
+    context = ms.TuneContext(mod=mod, target=target)
+    args = [ms.arg_info.TensorInfo(str(p.dtype), [int(d) for d in p.shape])
+            for p in primfunc.params] if hasattr(primfunc.params[0], "shape") else []
+    candidate = ms.MeasureCandidate(Schedule(mod), args)
+    (per_store,) = _per_store_extractor().extract_from(context, [candidate])
+    stores = per_store.numpy()
+    if stores.size == 0:
+        return np.zeros(LOOP_FEATURES, dtype=np.float32)
+    return np.concatenate([stores.mean(0), stores.max(0), stores.sum(0)]).astype(np.float32)
+
+
+class FeatureCache:
+    """Features of the configs of one task: loop-nest features plus knob features."""
+
+    def __init__(self, task: Any, use_loop_features: bool = True) -> None:
+        self.task = task
+        self.use_loop_features = use_loop_features
+        self._cache: dict[int, np.ndarray] = {}
+        self._target = None
+
+    def __call__(self, configs: list[Any]) -> np.ndarray:
+        rows = [self._one(c) for c in configs]
+        return np.stack(rows) if rows else np.zeros((0, self.dim), dtype=np.float32)
+
+    @property
+    def dim(self) -> int:
+        knobs = len(self.task.space.features(self.task.space.get(0)))
+        return knobs + (LOOP_FEATURES if self.use_loop_features else 0)
+
+    def _one(self, config: Any) -> np.ndarray:
+        cached = self._cache.get(config.index)
+        if cached is not None:
+            return cached
+        knobs = np.asarray(self.task.space.features(config), dtype=np.float32)
+        parts = [knobs]
+        if self.use_loop_features:
+            parts.append(self._loop(config))
+        row = np.concatenate(parts)
+        self._cache[config.index] = row
+        return row
+
+    def _loop(self, config: Any) -> np.ndarray:
+        import tvm
+
+        if self._target is None:
+            target = self.task.target
+            self._target = target if isinstance(target, tvm.target.Target) else \
+                tvm.target.Target(target)
+        try:
+            return loop_nest_features(self.task.build_primfunc(config), self._target)
+        except Exception as err:  # a config that does not schedule: features of nothing
+            log.debug("features of config %d failed: %s", config.index, err)
+            return np.zeros(LOOP_FEATURES, dtype=np.float32)

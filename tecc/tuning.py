@@ -1,0 +1,100 @@
+"""Tuning records at compile time: which config each workload gets, and the report.
+
+The driver (tecc/api.py) makes one TuningContext per compile. It answers three
+callbacks with the record database (autotune.records: exact target > compatible
+target > the template's fallback):
+  - conv_blocks(conv call, producer block) for graph_opt's layout pass: the channel
+    blocks (ic_bn, oc_bn) of the layer's tuned config, or None (default choice);
+  - dense_block(dense call, lanes) for graph_opt's pack_dense_weights: the packing
+    block (tile_n) of the tuned config, else the dense template's fallback;
+  - config(workload) for schedules.lower: the tuned config JSON and its source.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import tvm
+
+from autotune.records import RecordDatabase, _record_files, workload_key
+from frontend.ir import Call
+from schedules.target import num_cores, target_to_json
+from schedules.templates_conv import CONV2D, DEPTHWISE, conv_blocks, conv_workload
+from schedules.templates_dense import DENSE, dense_pack_block
+
+RecordsArg = str | os.PathLike | Sequence[str | os.PathLike] | None
+
+
+class TuningContext:
+    def __init__(self, records: RecordsArg, target: tvm.target.Target, lanes: int) -> None:
+        self.given = bool(records)
+        self.db = RecordDatabase.load(records) if records else RecordDatabase()
+        self.target = target
+        self.target_json = target_to_json(target)
+        self.lanes = lanes
+        self.cores = num_cores(target)
+        self.digest = records_digest(records) if records else None
+
+    def choose(self, workload: dict[str, Any]):
+        return self.db.choose(workload, self.target_json)
+
+    # -- graph_opt callbacks
+    def conv_blocks(self, call: Call, producer_block: int | None) -> tuple[int, int] | None:
+        data = call.args[0]
+        groups = call.attrs["groups"]
+        depthwise = groups > 1 and groups == data.shape[1] == call.shape[1]
+        wl = conv_workload((DEPTHWISE if depthwise else CONV2D).name, call)
+        choice = self.choose(wl)
+        return conv_blocks(wl, choice.config, self.lanes)
+
+    def dense_block(self, call: Call, lanes: int) -> int | None:
+        wl = DENSE.workload(call, "dense")
+        return dense_pack_block(wl, self.choose(wl).config, lanes, self.cores)
+
+    # -- schedules callback
+    def config(self, workload: dict[str, Any]):
+        choice = self.choose(workload)
+        if choice.config is None:
+            return None
+        return choice.config, choice.source
+
+
+def records_digest(records: RecordsArg) -> str:
+    """sha256 over the record files' bytes (in path order)."""
+    h = hashlib.sha256()
+    for path in _record_files(records):  # type: ignore[arg-type]
+        h.update(Path(path).read_bytes())
+    return h.hexdigest()
+
+
+def task_table(kernels: dict) -> list[dict[str, Any]]:
+    """One entry per distinct workload of the built kernels (see CompiledModel.tasks)."""
+    table: dict[str, dict[str, Any]] = {}
+    for kernel in kernels.values():
+        for applied in getattr(kernel, "templates", []):
+            if applied.workload is None:
+                continue
+            key = workload_key(applied.workload)
+            entry = table.get(key)
+            if entry is None:
+                entry = table[key] = {
+                    "workload_key": key, "workload": applied.workload,
+                    "template": applied.template, "anchor": applied.kind,
+                    "space_size": applied.space_size, "config": applied.config,
+                    "source": applied.source, "error": applied.error, "kernels": []}
+            entry["kernels"].append(kernel.name)
+    return list(table.values())
+
+
+def warn_untuned(tasks: list[dict[str, Any]]) -> None:
+    untuned = [t for t in tasks if t["source"] not in ("exact", "compatible")]
+    if not untuned:
+        return
+    lines = "\n".join(f"  {t['template']}: {t['workload_key']}" for t in untuned)
+    warnings.warn(f"{len(untuned)} of {len(tasks)} workload(s) have no tuning record for "
+                  f"this target (fallback configs used):\n{lines}", stacklevel=3)

@@ -1,0 +1,251 @@
+"""Tunable templates: dense / matmul / batch_matmul / conv2d_NCHWc / depthwise.
+
+For each template and several workloads (odd sizes too), the fallback config and 20
+random configs are built (one library per workload) and compared with numpy; spaces
+are checked (neighbours, index <-> config round trip, every config schedules); and
+compile(records=...) applies a record whose config differs from the fallback.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import warnings
+
+import numpy as np
+import pytest
+import torch
+import tvm
+
+import tecc
+from frontend.ir import Call, Function, TensorType, Var
+from graph_opt.layout import make_convert_layout
+from schedules.lower import lower_primitive
+from schedules.target import target_to_json
+from schedules.tasks import Task, extract_tasks, task_from_workload
+from schedules.template import TEMPLATES, load_templates
+
+TARGET = tvm.target.Target({"kind": "llvm", "mcpu": "core-avx2", "num-cores": 2})
+DEV = tvm.cpu()
+SAMPLES = 20
+
+
+def _mm(template: str, a: list[int], b: list[int], tb: bool = False) -> dict:
+    wl = {"template": template, "inputs": [[a, "float32"], [b, "float32"]], "attrs": {}}
+    if template != "dense":
+        wl["attrs"] = {"transpose_a": False, "transpose_b": tb}
+    return wl
+
+
+def _conv(c: int, hw: int, o: int, k: int, s: int, p: int, n: int = 1, dw: bool = False,
+          w: int | None = None) -> dict:
+    g = c if dw else 1
+    return {"template": "depthwise_conv2d_NCHWc" if dw else "conv2d_NCHWc",
+            "data": [n, c, hw, w or hw], "kernel": [o, c // g, k, k], "dtype": "float32",
+            "strides": [s, s], "padding": [p, p, p, p], "dilation": [1, 1], "groups": g}
+
+
+WORKLOADS = {
+    "dense_a": _mm("dense", [33, 40], [48, 40]),
+    "dense_b": _mm("dense", [1, 64], [10, 64]),
+    "dense_c": _mm("dense", [2, 7, 37], [24, 37]),
+    "matmul_a": _mm("matmul", [17, 29], [29, 40]),
+    "matmul_b": _mm("matmul", [64, 32], [32, 64]),
+    "matmul_nt": _mm("matmul", [9, 24], [16, 24], tb=True),
+    "bmm_a": _mm("batch_matmul", [3, 7, 37], [3, 37, 24]),
+    "bmm_b": _mm("batch_matmul", [2, 16, 32], [2, 32, 32]),
+    "bmm_nt": _mm("batch_matmul", [2, 3, 5, 16], [2, 3, 8, 16], tb=True),
+    "conv_a": _conv(16, 13, 24, 3, 1, 1),
+    "conv_b": _conv(3, 15, 16, 3, 2, 1, n=2),
+    "conv_c": _conv(32, 7, 32, 1, 1, 0, w=9),
+    "conv_d": _conv(8, 10, 16, 5, 2, 2),
+    "dw_a": _conv(24, 9, 24, 3, 1, 1, n=2, dw=True),
+    "dw_b": _conv(32, 14, 32, 3, 2, 1, dw=True),
+    "dw_c": _conv(16, 11, 16, 5, 1, 2, dw=True, w=7),
+}
+
+
+def _task(name: str) -> Task:
+    return task_from_workload(WORKLOADS[name], TARGET, name)
+
+
+def test_templates_registered():
+    load_templates()
+    for kind in ("dense", "dense_pack", "matmul", "matmul_nt", "batch_matmul",
+                 "batch_matmul_nt", "conv2d_NCHWc", "depthwise_conv2d_NCHWc"):
+        assert kind in TEMPLATES
+
+
+@pytest.mark.parametrize("name", list(WORKLOADS))
+def test_random_configs_match_numpy(name):
+    task = _task(name)
+    space = task.space
+    print(f"{name}: {space.describe()}")
+    configs = [task.fallback_config(), *space.sample(random.Random(name), SAMPLES)]
+    prims = {f"k{i}": task.build_primfunc(c).with_attr("global_symbol", f"k{i}")
+             for i, c in enumerate(configs)}
+    ex = tvm.compile(tvm.IRModule(prims), target=TARGET)
+    inputs = task.reference_inputs(1)
+    expected = task.reference_outputs(inputs)
+    for i, cfg in enumerate(configs):
+        k_in, k_out = task.adapt_io(cfg, inputs, expected)
+        outs = [tvm.runtime.tensor(np.full(o.shape, np.nan, o.dtype), DEV) for o in k_out]
+        ex[f"k{i}"](*[tvm.runtime.tensor(a, DEV) for a in k_in], *outs)
+        for got, want in zip(outs, k_out, strict=True):
+            np.testing.assert_allclose(got.numpy(), want, rtol=1e-4, atol=1e-4,
+                                       err_msg=f"{name} config {cfg.to_json()}")
+
+
+@pytest.mark.parametrize("name", ["dense_c", "matmul_a", "bmm_nt", "conv_a", "conv_c",
+                                  "dw_a", "dw_c"])
+def test_every_config_schedules(name):
+    """Every config of the space applies (schedule only; small spaces in full, larger
+    ones on 150 samples)."""
+    task = _task(name)
+    space = task.space
+    configs = list(space) if len(space) <= 150 else space.sample(random.Random(0), 150)
+    for cfg in configs:
+        task.build_primfunc(cfg)
+
+
+@pytest.mark.parametrize("name", ["dense_a", "bmm_a", "conv_a", "dw_b"])
+def test_space_sanity(name):
+    task = _task(name)
+    space = task.space
+    assert len(space) > 1
+    print(f"{name}: {len(space)} configs")
+    rng = random.Random(3)
+    for cfg in space.sample(rng, 10):
+        assert space.get(cfg.index) == cfg
+        assert space.from_json(json.loads(space.dumps(cfg))).index == cfg.index
+        for nb in space.neighbours(cfg)[:20]:
+            assert sum(nb[k] != cfg[k] for k in cfg) == 1
+    fb = task.fallback_config()
+    assert space.from_json(fb.to_json()) == fb
+
+
+def test_fallback_reads_target():
+    wl = WORKLOADS["matmul_b"]
+    avx2 = task_from_workload(wl, TARGET).fallback_config()
+    avx512 = task_from_workload(wl, tvm.target.Target(
+        {"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2})).fallback_config()
+    assert avx2["tile_n"] % 8 == 0 and avx512["tile_n"] % 16 == 0
+
+
+def test_lower_primitive_config_and_info():
+    x = Var("x", TensorType((6, 16), "float32"))
+    w = Var("w", TensorType((2, 16, 8), "float32"))
+    func = Function([x, w], Call("relu", [Call("nn.dense_pack", [x, w])]))
+    _, info = lower_primitive(func, "k", TARGET, return_info=True)
+    assert [a.source for a in info] == ["fallback"] and info[0].template == "dense"
+    assert info[0].workload["inputs"][1][0] == [16, 16]  # unpacked terms: W[N, K]
+    cfg = dict(info[0].config, tile_m=1, order="k_mn")
+    _, info2 = lower_primitive(func, "k", TARGET, cfg, return_info=True)
+    assert info2[0].source == "given" and info2[0].config == cfg
+    # a config for another packing block is refused: the fallback reads the real one
+    _, info3 = lower_primitive(func, "k", TARGET, lambda wl: (dict(cfg, tile_n=16), "exact"),
+                               return_info=True)
+    assert info3[0].source == "fallback" and info3[0].config["tile_n"] == 8
+
+
+def test_layout_pass_honours_conv_blocks():
+    from frontend.ir import Constant
+    from graph_opt.evaluate import evaluate_call  # noqa: F401 - registers evaluators
+
+    rng = np.random.default_rng(0)
+    x = Var("x", TensorType((1, 16, 8, 8), "float32"))
+    w1 = Constant(rng.standard_normal((16, 16, 3, 3)).astype("float32"))
+    w2 = Constant(rng.standard_normal((16, 16, 3, 3)).astype("float32"))
+    c1 = Call("nn.conv2d", [x, w1], {"padding": (1, 1, 1, 1)})
+    c2 = Call("nn.conv2d", [c1, w2], {"padding": (1, 1, 1, 1)})
+    func = Function([x], c2)
+    wanted = {id(c1): (8, 16), id(c2): (4, 8)}
+    out = make_convert_layout(8, conv_blocks_fn=lambda call, xb: wanted.get(id(call)))(func)
+    convs = [n for n in _calls(out) if n.op == "nn.conv2d_NCHWc"]
+    assert [(c.attrs["data_layout"], c.attrs["out_layout"]) for c in convs] == [
+        ("NCHW8c", "NCHW16c"), ("NCHW4c", "NCHW8c")]
+    assert any(n.op == "layout_transform" and n.attrs["src_layout"] == "NCHW16c"
+               and n.attrs["dst_layout"] == "NCHW4c" for n in _calls(out))
+
+
+def _calls(func):
+    from frontend.ir import post_order
+
+    return [n for n in post_order(func.body) if isinstance(n, Call) and isinstance(n.op, str)]
+
+
+class _Net(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = torch.nn.Conv2d(3, 16, 3, padding=1)
+        self.c2 = torch.nn.Conv2d(16, 32, 3, stride=2, padding=1)
+        self.dw = torch.nn.Conv2d(32, 32, 3, padding=1, groups=32)
+        self.fc = torch.nn.Linear(32 * 7 * 7, 24)
+
+    def forward(self, x):
+        y = torch.relu(self.c1(x))
+        y = torch.relu(self.c2(y))
+        y = self.dw(y) + y
+        return self.fc(y.flatten(1))
+
+
+def _changed(t: dict) -> dict:
+    cfg = dict(t["config"])
+    if t["template"] == "conv2d_NCHWc":
+        cfg.update(oc_bn=8 if cfg["oc_bn"] != 8 else 16, tile_ow=1)
+    elif t["template"] == "depthwise_conv2d_NCHWc":
+        cfg.update(c_bn=16 if cfg["c_bn"] != 16 else 8, unroll_kw=not cfg["unroll_kw"])
+    elif t["template"] == "dense":
+        cfg.update(tile_n=8 if cfg["tile_n"] != 8 else 24, tile_m=1, order="k_mn")
+    return cfg
+
+
+def test_compile_with_records(tmp_path):
+    torch.manual_seed(0)
+    model = _Net().eval()
+    x = torch.randn(2, 3, 14, 14)
+    want = model(x).detach().numpy()
+    cm = tecc.compile(model, [x])
+    tasks = cm.tasks()
+    assert {t["template"] for t in tasks} == {"conv2d_NCHWc", "depthwise_conv2d_NCHWc", "dense"}
+    assert all(t["source"] == "fallback" and t["space_size"] > 1 for t in tasks)
+    np.testing.assert_allclose(cm(x).numpy(), want, rtol=1e-4, atol=1e-4)
+
+    target = target_to_json(cm.target)
+    tuned, untuned = tasks[:-1], tasks[-1]
+    path = tmp_path / "records.jsonl"
+    with open(path, "w") as f:
+        for t in tuned:
+            f.write(json.dumps({"version": 1, "target": target, "workload": t["workload"],
+                                "config": _changed(t), "costs_s": [1e-3], "error": None}) + "\n")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cm2 = tecc.compile(model, [x], records=[path])
+    summary = [w for w in caught if "no tuning record" in str(w.message)]
+    assert len(summary) == 1 and untuned["workload_key"] in str(summary[0].message)
+    by_key = {t["workload_key"]: t for t in cm2.tasks()}
+    for t in tuned:
+        got = by_key[t["workload_key"]]
+        assert got["source"] == "exact"
+        assert got["config"] == _changed(t) != t["config"]
+    assert by_key[untuned["workload_key"]]["source"] == "fallback"
+    np.testing.assert_allclose(cm2(x).numpy(), want, rtol=1e-4, atol=1e-4)
+    assert cm2.records_digest is not None
+
+
+def test_extract_tasks_from_compiled_model():
+    torch.manual_seed(0)
+    model = _Net().eval()
+    x = torch.randn(2, 3, 14, 14)
+    cm = tecc.compile(model, [x])
+    tasks = extract_tasks(cm.ir, cm.target)
+    assert sorted(t.template for t in tasks) == sorted(t["template"] for t in cm.tasks())
+    keys = {t["workload_key"] for t in cm.tasks()}
+    assert {json.dumps(t.workload, sort_keys=True, separators=(",", ":")) for t in tasks} == keys
+    dense = next(t for t in tasks if t.template == "dense")
+    assert dense.kind == "dense_pack" and dense.func.body.op == "nn.dense"
+    # a task pickles (the tuner's build workers get it)
+    import pickle
+
+    again = pickle.loads(pickle.dumps(dense))
+    assert again.workload == dense.workload and len(again.space) == len(dense.space)

@@ -1,0 +1,198 @@
+"""Tune a model's tasks within one trial budget.
+
+The scheduler spreads the budget over the tasks by their weight (calls in the model
+times the task's measured time) and their recent improvement, in the spirit of
+Ansor's gradient rule: after one batch per task, each next batch goes to the task
+whose weighted time is expected to drop most. A task stops early when it has not
+improved for `early_stopping` trials, or when its space is exhausted.
+
+Every measurement is appended to the records file as it happens; re-running on the
+same file resumes: measured configs are loaded into each tuner (never measured again,
+and its cost model is trained on them).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from autotune.measure import LocalBuilder, LocalRunner, MeasureInput, measure_batch
+from autotune.records import Record, RecordWriter, exact_target_key, load_records, workload_key
+from autotune.tuner import Tuner, make_tuner
+
+
+def estimate_flops(task: Any) -> float:
+    """Floating-point operations of a task's anchor (2 per multiply-add); for other
+    anchors, one per output element."""
+    call = task.func.body
+    out = int(np.prod(call.shape))
+    if call.op in ("nn.dense", "nn.dense_pack"):
+        return 2.0 * out * call.args[0].shape[-1]
+    if call.op == "nn.matmul":
+        a = call.args[0].shape
+        k = a[-2] if call.attrs.get("transpose_a") else a[-1]
+        return 2.0 * out * k
+    if call.op in ("nn.conv2d", "nn.conv2d_NCHWc"):
+        w = call.args[1].shape
+        per_output = int(np.prod(w)) // (w[0] if call.op == "nn.conv2d" else w[0] * w[-1])
+        return 2.0 * out * per_output
+    return float(out)
+
+
+@dataclass
+class TaskState:
+    task: Any
+    weight: int  # calls of this workload in the model
+    tuner: Tuner
+    flops: float
+    trials: int = 0
+    best_at: int = 0
+    done: bool = False
+    curve: list[tuple[int, float]] = field(default_factory=list)  # (trials, best GFLOP/s)
+
+    @property
+    def best_cost(self) -> float:
+        return self.tuner.history.best_cost
+
+    @property
+    def best_gflops(self) -> float:
+        cost = self.best_cost
+        return self.flops / cost / 1e9 if math.isfinite(cost) else 0.0
+
+
+def _resume(state: TaskState, records: list[Record], target: dict[str, Any]) -> int:
+    """Load earlier measurements of this task on this target into its tuner."""
+    key, tkey = workload_key(state.task.workload), exact_target_key(target)
+    configs, costs = [], []
+    space = state.tuner.space
+    for r in records:
+        if r.key != key or exact_target_key(r.target) != tkey:
+            continue
+        try:
+            config = space.from_json(r.config)
+        except (KeyError, ValueError):
+            continue  # a record of an older space
+        if config.index in state.tuner.visited or any(c.index == config.index
+                                                        for c in configs):
+            continue
+        configs.append(config)
+        costs.append(r.cost)
+    state.tuner.load_history(configs, costs)
+    state.trials = len(configs)
+    return len(configs)
+
+
+def tune_tasks(
+    tasks: Sequence[Any],
+    weights: Sequence[int],
+    records: str | Path,
+    trials: int,
+    tuner: str = "xgb",
+    batch_size: int = 16,
+    early_stopping: int | None = 128,
+    timeout_s: float = 30.0,
+    seed: int = 0,
+    progress: bool = True,
+    tecc_version: str = "",
+    tvm_version: str = "",
+    runner_options: dict[str, Any] | None = None,
+) -> list[TaskState]:
+    """Tune `tasks` (weights: calls per task in the model) with `trials` measurements in
+    all, appending to `records`. Returns each task's state (tuner history, curve)."""
+    if not tasks:
+        return []
+    target = tasks[0].target
+    path = Path(records)
+    earlier = load_records(path)[0] if path.exists() else []
+    states = [TaskState(t, w, make_tuner(tuner, t, seed), estimate_flops(t))
+              for t, w in zip(tasks, weights, strict=True)]
+    resumed = sum(_resume(s, earlier, target) for s in states)
+    budget = trials
+    bar = tqdm(total=budget, disable=not progress, unit="trial", dynamic_ncols=True)
+    options = {"number": 3, "repeat": 3, "min_repeat_ms": 20, "timeout_s": timeout_s}
+    options.update(runner_options or {})
+    started = time.perf_counter()
+    spent = 0
+    with RecordWriter(path, tecc_version, tvm_version) as writer, \
+            LocalBuilder(n_parallel=2, timeout_s=max(timeout_s, 30.0)) as builder, \
+            LocalRunner(**options) as runner:
+        while spent < budget:
+            state = _pick(states)
+            if state is None:
+                break
+            n = min(batch_size, budget - spent)
+            batch = state.tuner.next_batch(n)
+            if not batch:
+                state.done = True
+                continue
+            results = measure_batch(builder, runner,
+                                    [MeasureInput(state.task, c) for c in batch], writer)
+            before = state.best_cost
+            state.tuner.record(batch, [r.cost if r.ok else math.inf for r in results])
+            state.trials += len(batch)
+            spent += len(batch)
+            if state.best_cost < before:
+                state.best_at = state.trials
+            state.curve.append((state.trials, state.best_gflops))
+            if state.tuner.exhausted or (early_stopping is not None
+                                         and state.trials - state.best_at >= early_stopping):
+                state.done = True
+            elapsed = time.perf_counter() - started
+            bar.update(len(batch))
+            bar.set_postfix_str(f"{state.task.name}: {state.trials} trials, best "
+                                f"{state.best_gflops:.1f} GFLOP/s, ~{elapsed / spent * (budget - spent):.0f}s left")
+    bar.close()
+    if progress and resumed:
+        print(f"resumed from {resumed} earlier measurement(s) in {path}")
+    return states
+
+
+def _pick(states: list[TaskState]) -> TaskState | None:
+    """The next task to measure: first every task once, then the task with the largest
+    expected drop of its weighted time (weight x best time x recent improvement)."""
+    live = [s for s in states if not s.done]
+    if not live:
+        return None
+    fresh = [s for s in live if s.trials == 0 or not math.isfinite(s.best_cost)]
+    if fresh:
+        return fresh[0]
+
+    def gain(s: TaskState) -> float:
+        curve = [c for c in s.tuner.history.best_curve()]
+        window = curve[-32:] if len(curve) > 32 else curve
+        improvement = (window[0] - window[-1]) / window[0] if window and math.isfinite(
+            window[0]) else 1.0
+        # Optimism for tasks measured little: they may still drop a lot.
+        explore = 1.0 / math.sqrt(1 + s.trials)
+        return s.weight * s.best_cost * (improvement + 0.2 * explore)
+
+    return max(live, key=gain)
+
+
+def plot_curves(states: Sequence[TaskState], path: str | Path) -> None:
+    """Best GFLOP/s against trials, one line per task."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for s in states:
+        if s.curve:
+            xs, ys = zip(*s.curve, strict=True)
+            ax.plot(xs, ys, marker=".", label=s.task.name)
+    ax.set_xlabel("trials of the task")
+    ax.set_ylabel("best GFLOP/s")
+    ax.set_title("tuning progress")
+    ax.legend(fontsize="small", ncol=2)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -23,8 +23,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from autotune.measure import LocalBuilder, LocalRunner, MeasureInput, measure_batch  # noqa: E402
 from autotune.tuner import RandomTuner  # noqa: E402
 from benchmarks.common import host_line, median_ms, write_table  # noqa: E402
-from frontend.ir import Call, Function, TensorType, Var  # noqa: E402
-from schedules.target import resolve_target  # noqa: E402
+from frontend.ir import Call, Constant, Function, TensorType, Var  # noqa: E402
+from graph_opt.fuse_ops import fuse_ops  # noqa: E402
+from graph_opt.pipeline import optimize  # noqa: E402
+from schedules.target import resolve_target, vector_lanes  # noqa: E402
 from schedules.tasks import extract_tasks  # noqa: E402
 
 # The distinct convolutions of ResNet-18 at 224x224, batch 1: (C, H, O, kernel, stride)
@@ -39,6 +41,11 @@ def var(name: str, shape: tuple[int, ...]) -> Var:
     return Var(name, TensorType(shape, "float32"))
 
 
+def weight(shape: tuple[int, ...]) -> Constant:
+    """Weights are constants, as in a model: the graph pipeline packs them."""
+    return Constant(np.random.default_rng(1).standard_normal(shape).astype("float32"))
+
+
 def workloads() -> list[dict]:
     out = []
     for n in (512, 1024):
@@ -47,27 +54,40 @@ def workloads() -> list[dict]:
                     "flops": 2 * n**3, "shapes": [(n, n), (n, n)],
                     "torch": lambda x, y: torch.matmul(x, y), "numpy": np.matmul})
     for c, h, o, k, s in RESNET18_CONVS:
-        x, w = var("x", (1, c, h, h)), var("w", (o, c, k, k))
+        x, w = var("x", (1, c, h, h)), weight((o, c, k, k))
         pad = k // 2
         conv = Call("nn.conv2d", [x, w], {"strides": (s, s), "padding": (pad,) * 4})
         oh = conv.shape[2]
-        out.append({"name": f"conv_{c}x{h}_{o}_k{k}s{s}", "func": Function([x, w], conv),
+        out.append({"name": f"conv_{c}x{h}_{o}_k{k}s{s}", "func": Function([x], conv),
                     "flops": 2 * o * oh * oh * c * k * k, "shapes": [(1, c, h, h), (o, c, k, k)],
                     "torch": lambda x_, w_, s=s, p=pad: F.conv2d(x_, w_, stride=s, padding=p),
                     "numpy": None, "resnet": True})
     c, h = 96, 56  # MobileNetV2's depthwise 3x3 on 56x56 (block 2, expand 6)
-    x, w = var("x", (1, c * 6, h, h)), var("w", (c * 6, 1, 3, 3))
+    x, w = var("x", (1, c * 6, h, h)), weight((c * 6, 1, 3, 3))
     conv = Call("nn.conv2d", [x, w], {"padding": (1,) * 4, "groups": c * 6})
-    out.append({"name": "depthwise_576x56_k3", "func": Function([x, w], conv),
+    out.append({"name": "depthwise_576x56_k3", "func": Function([x], conv),
                 "flops": 2 * c * 6 * h * h * 9, "shapes": [(1, c * 6, h, h), (c * 6, 1, 3, 3)],
                 "torch": lambda x_, w_, g=c * 6: F.conv2d(x_, w_, padding=1, groups=g),
                 "numpy": None})
     for m, k, n in BERT_DENSE:
-        x, w = var("x", (m, k)), var("w", (n, k))
-        out.append({"name": f"bert_dense_{m}x{k}x{n}", "func": Function([x, w], Call(
+        x, w = var("x", (m, k)), weight((n, k))
+        out.append({"name": f"bert_dense_{m}x{k}x{n}", "func": Function([x], Call(
             "nn.dense", [x, w])), "flops": 2 * m * k * n, "shapes": [(m, k), (n, k)],
             "torch": lambda x_, w_: F.linear(x_, w_), "numpy": lambda x_, w_: x_ @ w_.T})
     return out
+
+
+def anchor_task(func: Function, target) -> object:
+    """The tuning task of the op as a model would run it: through the graph pipeline
+    (NCHWc layout for convs, weights pre-packed for dense), then its anchor's task."""
+    lanes = vector_lanes(target)
+    fused = fuse_ops(optimize(func.with_attrs(cpu_vector_lanes=lanes), opt_level=3))
+    tasks = [t for t in extract_tasks(fused, target)
+             if t.template in ("dense", "matmul", "batch_matmul", "conv2d_NCHWc",
+                               "depthwise_conv2d_NCHWc")]
+    if len(tasks) != 1:
+        raise RuntimeError(f"expected one anchor task, got {[t.name for t in tasks]}")
+    return tasks[0]
 
 
 def blas_name() -> str:
@@ -108,7 +128,7 @@ def main() -> None:
                 torch_ms = median_ms(lambda: wl["torch"](*tensors), min_seconds=0.5)  # noqa: B023
             numpy_ms = (median_ms(lambda: wl["numpy"](*arrays), min_seconds=0.5)  # noqa: B023
                         if wl["numpy"] else math.nan)
-            (task,) = extract_tasks(wl["func"], target)
+            task = anchor_task(wl["func"], target)
             fallback = task.fallback_config()
 
             def measure(configs, task=task):

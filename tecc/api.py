@@ -13,7 +13,7 @@ import tvm
 
 import runtime
 from frontend.importer import ImportedModel, from_torch, load_pt2
-from frontend.ir import Function
+from frontend.ir import Call, Function, post_order
 from frontend.printer import astext
 from graph_opt.dense_pack import make_pack_dense
 from graph_opt.fuse_ops import primitive_per_op
@@ -114,23 +114,10 @@ def import_model(model: torch.nn.Module | str | os.PathLike,
     return from_torch(model, example_inputs)
 
 
-def compile(  # noqa: A001 - the natural name, as torch.compile
-    model: torch.nn.Module | str | os.PathLike,
-    example_inputs: Sequence[Any] | None = None,
-    target: str = "llvm",
-    opt_level: int = 3,
-    print_after: Sequence[str] | None = None,
-    records: RecordsArg = None,
-) -> CompiledModel:
-    """Compile `model` for `target` ("llvm" = this CPU, "llvm:<cpu>", "cuda[:sm_XX]").
-
-    opt_level 0 runs no graph optimization (one kernel per op); 3 runs them all.
-    `print_after` names passes after which the IR is printed (as TECC_PRINT_AFTER).
-    `records`: tuning records (a .jsonl path, a folder of them or a list, merged); each
-    workload gets its best record for this target (exact, else a compatible target),
-    else its template's fallback config; one warning lists the untuned workloads.
-    `cm.tasks()` tells what each workload got."""
-    timings: dict[str, float] = {}
+def _graph(model: Any, example_inputs: Sequence[Any] | None, target: str, opt_level: int,
+           print_after: Sequence[str] | None, records: RecordsArg,
+           timings: dict[str, float]) -> tuple:
+    """Import and optimize: the fused graph that compile builds and tune tunes."""
     start = time.perf_counter()
     imported = import_model(model, example_inputs)
     timings["import_s"] = time.perf_counter() - start
@@ -151,6 +138,82 @@ def compile(  # noqa: A001 - the natural name, as torch.compile
     else:
         partitioned = primitive_per_op(optimized)
     timings["graph_s"] = time.perf_counter() - start
+    return imported, partitioned, tuning, trace, tvm_target
+
+
+def tune(
+    model: torch.nn.Module | str | os.PathLike,
+    example_inputs: Sequence[Any] | None = None,
+    target: str = "llvm",
+    records: str | os.PathLike = "tuning.jsonl",
+    trials: int = 2000,
+    timeout: float = 30.0,
+    tuner: str = "xgb",
+    early_stopping: int | None = 128,
+    batch_size: int = 16,
+    plot: str | os.PathLike | None = None,
+    progress: bool = True,
+    seed: int = 0,
+) -> list:
+    """Tune the kernels of `model` for `target` with `trials` measurements in all,
+    appending every measurement to `records` (re-running on the same file resumes).
+    `tecc.compile(model, ..., records=records)` then uses the best configs.
+    Returns the per-task tuning states (their histories and best GFLOP/s)."""
+    from autotune.tune import plot_curves, tune_tasks
+    from schedules.tasks import extract_tasks
+
+    timings: dict[str, float] = {}
+    _, partitioned, _, _, tvm_target = _graph(model, example_inputs, target, 3, None, None,
+                                              timings)
+    tasks = extract_tasks(partitioned, tvm_target)
+    weights = task_weights(partitioned, tvm_target, tasks)
+    if progress:
+        print(f"{len(tasks)} tuning tasks, {trials} trials, tuner {tuner}, records {records}")
+        for t, w in zip(tasks, weights, strict=True):
+            print(f"  {t.name:28s} x{w}  space {len(t.space)}")
+    states = tune_tasks(tasks, weights, records, trials, tuner=tuner, batch_size=batch_size,
+                        early_stopping=early_stopping, timeout_s=timeout, seed=seed,
+                        progress=progress, tecc_version=__version__,
+                        tvm_version=tvm.__version__)
+    if plot:
+        plot_curves(states, plot)
+    return states
+
+
+def task_weights(partitioned: Function, target: Any, tasks: list) -> list[int]:
+    """How many kernel calls of the model run each task's workload."""
+    from schedules.tasks import anchors_of, workload_json
+
+    index = {workload_json(t.workload): i for i, t in enumerate(tasks)}
+    counts = [0] * len(tasks)
+    for node in post_order(partitioned.body):
+        if isinstance(node, Call) and isinstance(node.op, Function):
+            for call, kind, template in anchors_of(node.op, target):
+                key = workload_json(template.workload(call, kind))
+                if key in index:
+                    counts[index[key]] += 1
+    return [max(c, 1) for c in counts]
+
+
+def compile(  # noqa: A001 - the natural name, as torch.compile
+    model: torch.nn.Module | str | os.PathLike,
+    example_inputs: Sequence[Any] | None = None,
+    target: str = "llvm",
+    opt_level: int = 3,
+    print_after: Sequence[str] | None = None,
+    records: RecordsArg = None,
+) -> CompiledModel:
+    """Compile `model` for `target` ("llvm" = this CPU, "llvm:<cpu>", "cuda[:sm_XX]").
+
+    opt_level 0 runs no graph optimization (one kernel per op); 3 runs them all.
+    `print_after` names passes after which the IR is printed (as TECC_PRINT_AFTER).
+    `records`: tuning records (a .jsonl path, a folder of them or a list, merged); each
+    workload gets its best record for this target (exact, else a compatible target),
+    else its template's fallback config; one warning lists the untuned workloads.
+    `cm.tasks()` tells what each workload got."""
+    timings: dict[str, float] = {}
+    imported, partitioned, tuning, trace, tvm_target = _graph(
+        model, example_inputs, target, opt_level, print_after, records, timings)
     result = build(partitioned, tvm_target, [s.name for s in imported.inputs],
                    [s.name for s in imported.outputs], imported.output_structure,
                    imported.param_names, config_fn=tuning.config)

@@ -29,10 +29,60 @@ def cmd_compile(args: argparse.Namespace) -> int:
     import tecc
 
     model, example_inputs = load_model_spec(args.model)
-    compiled = tecc.compile(model, example_inputs, target=args.target)
+    compiled = tecc.compile(model, example_inputs, target=args.target, records=args.records)
     compiled.export(args.output)
     print(f"compiled {args.model} for {compiled.target}: "
           f"{len(compiled.build_result.kernels)} kernels -> {args.output}")
+    return 0
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    import tecc
+
+    model, example_inputs = load_model_spec(args.model)
+    states = tecc.tune(model, example_inputs, target=args.target, records=args.records,
+                       trials=args.trials, timeout=args.timeout, tuner=args.tuner,
+                       early_stopping=args.early_stopping or None, plot=args.plot)
+    print(f"{'task':28s} {'calls':>5s} {'trials':>6s} {'best GFLOP/s':>12s}")
+    for s in states:
+        print(f"{s.task.name:28s} {s.weight:5d} {s.trials:6d} {s.best_gflops:12.1f}")
+    print(f"records: {args.records}" + (f", curve: {args.plot}" if args.plot else ""))
+    return 0
+
+
+def cmd_records(args: argparse.Namespace) -> int:
+    """Inspect, merge, or keep the best record per workload and target."""
+    import json
+
+    from autotune.records import exact_target_key, load_records
+
+    records, skipped = load_records(args.files)
+    if args.action == "show":
+        by_workload: dict[tuple[str, str], list] = {}
+        for r in records:
+            by_workload.setdefault((r.key, exact_target_key(r.target)), []).append(r)
+        print(f"{len(records)} records ({skipped} broken lines skipped), "
+              f"{len(by_workload)} workload/target pairs")
+        for (key, target), rs in sorted(by_workload.items()):
+            ok = [r for r in rs if r.ok]
+            best = min((r.cost for r in ok), default=float("inf"))
+            wl = json.loads(key)
+            print(f"  {wl.get('template', '?'):24s} {len(rs):5d} measured, {len(rs) - len(ok):4d} "
+                  f"failed, best {best * 1e3:9.4f} ms  {json.loads(target).get('mcpu') or ''}")
+        return 0
+    if not args.output:
+        raise SystemExit("tecc records: --output is needed to merge or pick the best")
+    if args.action == "best":
+        best: dict[tuple[str, str], object] = {}
+        for r in records:
+            k = (r.key, exact_target_key(r.target))
+            if r.ok and (k not in best or r.cost < best[k].cost):
+                best[k] = r
+        records = list(best.values())
+    with open(args.output, "w", encoding="utf-8") as f:
+        for r in records:
+            f.write(json.dumps(r.to_json(), sort_keys=True) + "\n")
+    print(f"wrote {len(records)} records to {args.output}")
     return 0
 
 
@@ -81,8 +131,27 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("compile", help="compile a model into a deployment package")
     p.add_argument("model", help="a .pt2 file, or module:function returning (model, inputs)")
     p.add_argument("--target", default="llvm", help="llvm, llvm:<cpu>, cuda, cuda:sm_90")
+    p.add_argument("--records", nargs="*", help="tuning records to apply (files or folders)")
     p.add_argument("-o", "--output", default="model.tar", help="package path (.tar or dir)")
     p.set_defaults(func=cmd_compile)
+
+    p = sub.add_parser("tune", help="tune the kernels of a model, writing tuning records")
+    p.add_argument("model", help="a .pt2 file, or module:function returning (model, inputs)")
+    p.add_argument("--target", default="llvm")
+    p.add_argument("--records", default="tuning.jsonl", help="JSON Lines file (appended)")
+    p.add_argument("--trials", type=int, default=2000, help="measurements in all")
+    p.add_argument("--tuner", default="xgb", choices=["xgb", "random", "grid"])
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds per candidate run")
+    p.add_argument("--early-stopping", type=int, default=128,
+                   help="stop a task after this many trials without improvement (0: never)")
+    p.add_argument("--plot", help="write best GFLOP/s against trials to this PNG")
+    p.set_defaults(func=cmd_tune)
+
+    p = sub.add_parser("records", help="inspect, merge or pick the best tuning records")
+    p.add_argument("action", choices=["show", "merge", "best"])
+    p.add_argument("files", nargs="+", help="record files or folders")
+    p.add_argument("-o", "--output")
+    p.set_defaults(func=cmd_records)
 
     p = sub.add_parser("run", help="run a deployment package")
     p.add_argument("package")

@@ -128,6 +128,9 @@ def tune_tasks(
             if state is None:
                 break
             n = min(batch_size, budget - spent)
+            fresh = sum(1 for s in states if not s.done and s.trials == 0)
+            if fresh and state.trials == 0:  # leave every untouched task a first batch
+                n = max(1, min(n, (budget - spent) // fresh))
             batch = state.tuner.next_batch(n)
             if not batch:
                 state.done = True
@@ -185,9 +188,10 @@ def plot_curves(states: Sequence[TaskState], path: str | Path) -> None:
 
     fig, ax = plt.subplots(figsize=(8, 5))
     for s in states:
-        if s.curve:
-            xs, ys = zip(*s.curve, strict=True)
-            ax.plot(xs, ys, marker=".", label=s.task.name)
+        best = s.tuner.history.best_curve()
+        if best:
+            gflops = [s.flops / c / 1e9 if math.isfinite(c) else 0.0 for c in best]
+            ax.plot(range(1, len(gflops) + 1), gflops, label=f"{s.task.name} (x{s.weight})")
     ax.set_xlabel("trials of the task")
     ax.set_ylabel("best GFLOP/s")
     ax.set_title("tuning progress")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import platform
 import statistics
 import time
@@ -49,16 +48,10 @@ def interleaved_ms(fns: dict[str, Callable[[], object]], rounds: int = 7,
 
 
 def host_line() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}"
+    from autotune.records import host_info
+
+    info = host_info()
+    return f"{info['cpu']}, {info['cores']} cores, Python {platform.python_version()}"
 
 
 def write_table(name: str, title: str, header: list[str], rows: list[list[str]],

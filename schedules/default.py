@@ -121,6 +121,17 @@ def default_schedule(sch: Schedule, target: tvm.target.Target,
     lanes = vector_lanes(target)
     cores = num_cores(target)
     _inline_injective(sch)
+    if all(_anchor_kind(sch, b) is None and not _is_reduction(sch, b)
+           for b in _root_blocks(sch)):
+        # A group of injective ops only: the injective template (its fallback config).
+        from schedules.templates_reduce import schedule_injective_group
+
+        trial = sch.copy()
+        try:
+            schedule_injective_group(trial, target)
+            return trial
+        except Exception as err:  # noqa: BLE001 - keep the generic schedule
+            log.debug("injective template failed, generic schedule: %s", err)
     for block in _root_blocks(sch):
         kind = _anchor_kind(sch, block)
         if kind is None:

@@ -1,0 +1,33 @@
+"""`module:function` factories of the reference models at batch 1, for `tecc tune`:
+
+    tecc tune benchmarks.models_factory:resnet18 --records tuning_logs/llvm_core-avx2.jsonl
+"""
+
+from __future__ import annotations
+
+from tests.models import example_models
+
+
+def _get(name: str):
+    model, inputs = example_models(batch=1)[name]
+    return model, inputs
+
+
+def resnet18():
+    return _get("resnet18")
+
+
+def mobilenet_v2():
+    return _get("mobilenet_v2")
+
+
+def mlp():
+    return _get("mlp")
+
+
+def transformer_layer():
+    return _get("transformer_layer")
+
+
+def bert():
+    return _get("bert")

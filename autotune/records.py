@@ -196,6 +196,8 @@ class RecordDatabase:
     def __init__(self, records: Iterable[Record] = ()) -> None:
         self._best: dict[tuple[str, str], Record] = {}
         self._best_family: dict[tuple[str, str], Record] = {}
+        self._all: dict[tuple[str, str], list[Record]] = {}
+        self._all_family: dict[tuple[str, str], list[Record]] = {}
         self.count = 0
         for r in records:
             self.add(r)
@@ -212,11 +214,27 @@ class RecordDatabase:
         self.count += 1
         if not record.ok:
             return
-        for table, tkey in ((self._best, exact_target_key(record.target)),
-                            (self._best_family, isa_family(record.target))):
+        for table, every, tkey in (
+                (self._best, self._all, exact_target_key(record.target)),
+                (self._best_family, self._all_family, isa_family(record.target))):
             key = (record.key, tkey)
+            every.setdefault(key, []).append(record)
             if key not in table or record.cost < table[key].cost:
                 table[key] = record
+
+    def choose_where(self, workload: dict[str, Any], target: dict[str, Any],
+                     wanted: Any) -> Choice | None:
+        """The best record whose config satisfies `wanted(config)` (exact target, then
+        compatible); None if no measured config does. For layout-aware choices: a
+        config whose input layout matches the producer's avoids a transform."""
+        key = workload_key(workload)
+        for every, tkey, source in ((self._all, exact_target_key(target), "exact"),
+                                    (self._all_family, isa_family(target), "compatible")):
+            fits = [r for r in every.get((key, tkey), []) if wanted(r.config)]
+            if fits:
+                best = min(fits, key=lambda r: r.cost)
+                return Choice(best.config, source, best.cost)
+        return None
 
     def choose(self, workload: dict[str, Any], target: dict[str, Any]) -> Choice:
         key = workload_key(workload)

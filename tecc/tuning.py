@@ -39,6 +39,7 @@ class TuningContext:
         self.lanes = lanes
         self.cores = num_cores(target)
         self.digest = records_digest(records) if records else None
+        self._chosen: dict[str, Any] = {}
 
     def choose(self, workload: dict[str, Any]):
         return self.db.choose(workload, self.target_json)
@@ -50,6 +51,17 @@ class TuningContext:
         depthwise = groups > 1 and groups == data.shape[1] == call.shape[1]
         wl = conv_workload((DEPTHWISE if depthwise else CONV2D).name, call)
         choice = self.choose(wl)
+        if choice.config is not None and producer_block is not None:
+            # Prefer the best measured config that reads the producer's block as is:
+            # a layout transform between two layers costs more than a few percent of
+            # kernel speed (the tuner measures kernels, not the transforms).
+            key = "c_bn" if depthwise else "ic_bn"
+            matching = self.db.choose_where(
+                wl, self.target_json, lambda c: int(c.get(key, -1)) == producer_block)
+            if matching is not None:
+                choice = matching
+        if choice.config is not None:
+            self._chosen[workload_key(wl)] = choice
         return conv_blocks(wl, choice.config, self.lanes)
 
     def dense_block(self, call: Call, lanes: int) -> int | None:
@@ -58,7 +70,8 @@ class TuningContext:
 
     # -- schedules callback
     def config(self, workload: dict[str, Any]):
-        choice = self.choose(workload)
+        # The choice the layout pass made for this workload, so blocks and kernel agree.
+        choice = self._chosen.get(workload_key(workload)) or self.choose(workload)
         if choice.config is None:
             return None
         return choice.config, choice.source

@@ -77,3 +77,15 @@ def test_isa_families():
     assert isa_family(AVX2) == isa_family(ZEN) == "x86-avx2"
     assert isa_family(AVX512) == "x86-avx512"
     assert isa_family({"kind": "cuda", "arch": "sm_90"}) == "cuda-sm_90"
+
+
+def test_choose_where_prefers_a_matching_layout():
+    conv = {"template": "conv2d_NCHWc", "data": [1, 64, 56, 56]}
+    records = [Record(AVX2, conv, {"ic_bn": 16, "oc_bn": 8}, [1e-3], None),
+               Record(AVX2, conv, {"ic_bn": 8, "oc_bn": 8}, [1.2e-3], None),
+               Record(AVX2, conv, {"ic_bn": 8, "oc_bn": 16}, [0.9e-3], "run_timeout: x")]
+    db = RecordDatabase(records)
+    assert db.choose(conv, AVX2).config == {"ic_bn": 16, "oc_bn": 8}
+    match = db.choose_where(conv, AVX2, lambda c: c["ic_bn"] == 8)
+    assert match.config == {"ic_bn": 8, "oc_bn": 8} and match.source == "exact"
+    assert db.choose_where(conv, AVX2, lambda c: c["ic_bn"] == 4) is None

@@ -132,9 +132,9 @@ def tune_tasks(
             if fresh and state.trials == 0:  # leave every untouched task a first batch
                 n = max(1, min(n, (budget - spent) // fresh))
             batch = state.tuner.next_batch(n)
-            if state.trials == 0 and hasattr(state.task, "fallback_config"):
-                # The fallback is measured first: a record must beat what an untuned
-                # compile gets, or it would make the model slower.
+            if hasattr(state.task, "fallback_config"):
+                # The fallback is measured first (also when resuming older records): a
+                # record must beat what an untuned compile gets, or it would slow it down.
                 fallback = state.tuner.space.from_json(state.task.fallback_config().to_json())
                 if fallback.index not in state.tuner.visited:
                     batch = [fallback] + [c for c in batch if c.index != fallback.index][:n - 1]

@@ -62,6 +62,13 @@ class TaskState:
         return self.tuner.history.best_cost
 
     @property
+    def fallback_measured(self) -> bool:
+        if not hasattr(self.task, "fallback_config"):
+            return True
+        index = self.tuner.space.from_json(self.task.fallback_config().to_json()).index
+        return index in self.tuner.visited
+
+    @property
     def best_gflops(self) -> float:
         cost = self.best_cost
         return self.flops / cost / 1e9 if math.isfinite(cost) else 0.0
@@ -128,8 +135,10 @@ def tune_tasks(
             if state is None:
                 break
             n = min(batch_size, budget - spent)
-            fresh = sum(1 for s in states if not s.done and s.trials == 0)
-            if fresh and state.trials == 0:  # leave every untouched task a first batch
+            fresh = sum(1 for s in states if not s.done and (s.trials == 0
+                                                              or not s.fallback_measured))
+            if fresh and (state.trials == 0 or not state.fallback_measured):
+                # leave every untouched task (or unmeasured fallback) a first batch
                 n = max(1, min(n, (budget - spent) // fresh))
             batch = state.tuner.next_batch(n)
             if hasattr(state.task, "fallback_config"):
@@ -169,7 +178,8 @@ def _pick(states: list[TaskState]) -> TaskState | None:
     live = [s for s in states if not s.done]
     if not live:
         return None
-    fresh = [s for s in live if s.trials == 0 or not math.isfinite(s.best_cost)]
+    fresh = [s for s in live if s.trials == 0 or not math.isfinite(s.best_cost)
+             or not s.fallback_measured]
     if fresh:
         return fresh[0]
 

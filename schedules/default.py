@@ -417,56 +417,9 @@ def _acc_budget(lanes: int, vecs: int) -> int:
     return max(vecs, min(28, registers - vecs - 1))
 
 
-def _pool(sch: Schedule, block, lanes: int) -> None:
-    """Window reductions: parallel(n, c, oh) / ow_o / rh, rw / ow_i (vectorized);
-    blocked (NCHW{c}c) data: parallel(n, c_chunk, oh) / ow / rh, rw / c (vectorized)."""
-    loops = sch.get_loops(block)
-    if len(loops) == 7:
-        _pool_nchwc(sch, block, lanes)
-        return
-    if len(loops) != 6:
-        raise ValueError("pool template expects n, c, oh, ow, rh, rw")
-    n, c, oh, ow, rh, rw = loops
-    exts = [_extent(sch, lp) for lp in loops]
-    vec = _largest_divisor(exts[3], lanes, pow2=True)
-    owo, owi = sch.split(ow, [None, vec])
-    sch.reorder(n, c, oh, owo, rh, rw, owi)
-    top = sch.fuse(n, c, oh)
-    if math.prod(exts) >= PARALLEL_MIN_WORK:
-        sch.parallel(top)
-    consumers = list(sch.get_consumers(block))
-    if len(consumers) == 1 and not _is_reduction(sch, consumers[0]):
-        _require_identity_read(sch, consumers[0], sch.get(block).writes[0].source)
-        sch.reverse_compute_at(consumers[0], owo, preserve_unit_loops=True)
-        _vectorize_tail(sch, consumers[0], lanes)
-    if vec > 1:
-        sch.vectorize(owi)  # before decompose: the update block alone is not "complete"
-    init = sch.decompose_reduction(block, rh)
-    if vec > 1:
-        _vectorize_tail(sch, init, lanes)
-
-
-def _pool_nchwc(sch: Schedule, block, lanes: int) -> None:
-    n, c, oh, ow, cb, rh, rw = sch.get_loops(block)
-    exts = [_extent(sch, lp) for lp in sch.get_loops(block)]
-    sch.reorder(n, c, oh, ow, rh, rw, cb)
-    top = sch.fuse(n, c, oh)
-    if math.prod(exts) >= PARALLEL_MIN_WORK:
-        sch.parallel(top)
-    consumers = list(sch.get_consumers(block))
-    if len(consumers) == 1 and not _is_reduction(sch, consumers[0]):
-        _require_identity_read(sch, consumers[0], sch.get(block).writes[0].source)
-        sch.reverse_compute_at(consumers[0], ow, preserve_unit_loops=True)
-        _vectorize_tail(sch, consumers[0], lanes)
-    sch.vectorize(cb)
-    init = sch.decompose_reduction(block, rh)
-    _vectorize_tail(sch, init, lanes)
-
-
 _PADDED_ANCHORS = ("conv2d", "pool", "conv2d_NCHWc", "depthwise_conv2d_NCHWc")
 # Fixed schedules for anchor kinds no registered template serves (yet): the NCHW
 # conv (when the layout pass is off) and the pools (until a pool template registers).
 _TEMPLATES = {
-    "conv2d": _conv2d,
-    "pool": _pool,
+    "conv2d": _conv2d,  # plain NCHW (layout pass off); pools have a registered template
 }

@@ -21,6 +21,7 @@ which reads the actual blocks, used instead.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from frontend.ir import Call
@@ -151,34 +152,8 @@ class Conv2dNCHWcTemplate(_ConvBase):
         if len(loops) != 9:
             raise ValueError("conv2d_NCHWc template expects n, occ, oh, ow, oc, icc, kh, kw, ic")
         n, occ, oh, ow, ocb, icc, kh, kw, ic = loops
-        exts = ctx.loop_extents()
-        if any(e is None for e in exts):
-            raise ValueError("symbolic extents")
-        owb, ohb = config["tile_ow"], config["tile_oh"]
-        if exts[3] % owb or exts[2] % ohb:
-            raise ValueError("tile_ow / tile_oh must divide the output")
-        acc = sch.cache_write(block, 0, "local")
-        owo, owi = sch.split(ow, [None, owb])
-        oho, ohi = sch.split(oh, [None, ohb])
         red = [icc, kh, kw] if config["reduce_order"] == "icc_kh_kw" else [kh, kw, icc]
-        sch.reorder(n, occ, oho, owo, *red, ic, ohi, owi, ocb)
-        target = _epilogue_target(sch, block, acc)
-        sch.reverse_compute_at(target, owo, preserve_unit_loops=True)
-        top = sch.fuse(n, occ, oho)
-        work = 1
-        for e in exts:
-            work *= e
-        if work >= PARALLEL_MIN_WORK:
-            sch.parallel(top)
-        sch.unroll(owi)
-        if ohb > 1:
-            sch.unroll(ohi)
-        if config["unroll_kw"]:
-            sch.unroll(kw)
-        sch.vectorize(ocb)
-        init = sch.decompose_reduction(block, red[0])
-        vectorize_tail(sch, target, ctx.lanes)
-        vectorize_tail(sch, init, ctx.lanes)
+        _register_tile(ctx, config, n, occ, oh, ow, ocb, red, [ic], kw)
 
 
 class DepthwiseNCHWcTemplate(_ConvBase):
@@ -225,33 +200,39 @@ class DepthwiseNCHWcTemplate(_ConvBase):
         if len(loops) != 7:
             raise ValueError("depthwise template expects n, cc, oh, ow, c, kh, kw")
         n, cc, oh, ow, cb, kh, kw = loops
-        exts = ctx.loop_extents()
-        if any(e is None for e in exts):
-            raise ValueError("symbolic extents")
-        owb, ohb = config["tile_ow"], config["tile_oh"]
-        if exts[3] % owb or exts[2] % ohb:
-            raise ValueError("tile_ow / tile_oh must divide the output")
-        acc = sch.cache_write(block, 0, "local")
-        owo, owi = sch.split(ow, [None, owb])
-        oho, ohi = sch.split(oh, [None, ohb])
-        sch.reorder(n, cc, oho, owo, kh, kw, ohi, owi, cb)
-        target = _epilogue_target(sch, block, acc)
-        sch.reverse_compute_at(target, owo, preserve_unit_loops=True)
-        top = sch.fuse(n, cc, oho)
-        work = 1
-        for e in exts:
-            work *= e
-        if work >= PARALLEL_MIN_WORK:
-            sch.parallel(top)
-        sch.unroll(owi)
-        if ohb > 1:
-            sch.unroll(ohi)
-        if config["unroll_kw"]:
-            sch.unroll(kw)
-        sch.vectorize(cb)
-        init = sch.decompose_reduction(block, kh)
-        vectorize_tail(sch, target, ctx.lanes)
-        vectorize_tail(sch, init, ctx.lanes)
+        _register_tile(ctx, config, n, cc, oh, ow, cb, [kh, kw], [], kw)
+
+
+def _register_tile(ctx: ScheduleContext, config: Config, n, c_outer, oh, ow, c_block,
+                   reduction: list, inner: list, kw) -> None:
+    """The loop nest both NCHWc templates share: parallel(n, c_outer, oh_o) / ow_o /
+    reduction / inner / oh_i, ow_i (unrolled register tile) / c_block (vectorized),
+    the fused epilogue computed per tile."""
+    sch, block = ctx.sch, ctx.block
+    exts = ctx.loop_extents()
+    if any(e is None for e in exts):
+        raise ValueError("symbolic extents")
+    owb, ohb = config["tile_ow"], config["tile_oh"]
+    if exts[3] % owb or exts[2] % ohb:
+        raise ValueError("tile_ow / tile_oh must divide the output")
+    acc = sch.cache_write(block, 0, "local")
+    owo, owi = sch.split(ow, [None, owb])
+    oho, ohi = sch.split(oh, [None, ohb])
+    sch.reorder(n, c_outer, oho, owo, *reduction, *inner, ohi, owi, c_block)
+    target = _epilogue_target(sch, block, acc)
+    sch.reverse_compute_at(target, owo, preserve_unit_loops=True)
+    top = sch.fuse(n, c_outer, oho)
+    if math.prod(exts) >= PARALLEL_MIN_WORK:
+        sch.parallel(top)
+    sch.unroll(owi)
+    if ohb > 1:
+        sch.unroll(ohi)
+    if config["unroll_kw"]:
+        sch.unroll(kw)
+    sch.vectorize(c_block)
+    init = sch.decompose_reduction(block, reduction[0])
+    vectorize_tail(sch, target, ctx.lanes)
+    vectorize_tail(sch, init, ctx.lanes)
 
 
 CONV2D = register_template(Conv2dNCHWcTemplate())

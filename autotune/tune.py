@@ -56,17 +56,24 @@ class TaskState:
     best_at: int = 0
     done: bool = False
     curve: list[tuple[int, float]] = field(default_factory=list)  # (trials, best GFLOP/s)
+    _fallback_index: int | None = field(default=None, repr=False)
 
     @property
     def best_cost(self) -> float:
         return self.tuner.history.best_cost
 
     @property
+    def fallback_index(self) -> int | None:
+        """The index of the task's fallback config (building it costs a schedule, so
+        it is computed once, not on every pick of the scheduler)."""
+        if self._fallback_index is None and hasattr(self.task, "fallback_config"):
+            fallback = self.task.fallback_config().to_json()
+            self._fallback_index = self.tuner.space.from_json(fallback).index
+        return self._fallback_index
+
+    @property
     def fallback_measured(self) -> bool:
-        if not hasattr(self.task, "fallback_config"):
-            return True
-        index = self.tuner.space.from_json(self.task.fallback_config().to_json()).index
-        return index in self.tuner.visited
+        return self.fallback_index is None or self.fallback_index in self.tuner.visited
 
     @property
     def best_gflops(self) -> float:
@@ -141,12 +148,11 @@ def tune_tasks(
                 # leave every untouched task (or unmeasured fallback) a first batch
                 n = max(1, min(n, (budget - spent) // fresh))
             batch = state.tuner.next_batch(n)
-            if hasattr(state.task, "fallback_config"):
+            if not state.fallback_measured:
                 # The fallback is measured first (also when resuming older records): a
                 # record must beat what an untuned compile gets, or it would slow it down.
-                fallback = state.tuner.space.from_json(state.task.fallback_config().to_json())
-                if fallback.index not in state.tuner.visited:
-                    batch = [fallback] + [c for c in batch if c.index != fallback.index][:n - 1]
+                fallback = state.tuner.space.get(state.fallback_index)
+                batch = [fallback] + [c for c in batch if c.index != fallback.index][:n - 1]
             if not batch:
                 state.done = True
                 continue
@@ -184,8 +190,7 @@ def _pick(states: list[TaskState]) -> TaskState | None:
         return fresh[0]
 
     def gain(s: TaskState) -> float:
-        curve = [c for c in s.tuner.history.best_curve()]
-        window = curve[-32:] if len(curve) > 32 else curve
+        window = s.tuner.history.best_curve()[-32:]
         improvement = (window[0] - window[-1]) / window[0] if window and math.isfinite(
             window[0]) else 1.0
         # Optimism for tasks measured little: they may still drop a lot.

@@ -249,7 +249,7 @@ class Executor:
         arrays = []
         for i, (spec, x) in enumerate(zip(specs, inputs, strict=True)):
             a = np.asarray(x)
-            if a.shape != spec.shape or a.dtype != np.dtype(spec.dtype):
+            if a.shape != spec.shape or a.dtype != self._in_views[i].dtype:
                 raise ValueError(
                     f"input {spec.name!r} (#{i}): expected shape {spec.describe()}, "
                     f"got {a.shape} {a.dtype}"

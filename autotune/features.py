@@ -17,6 +17,7 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 _EXTRACTOR: Any = None
+_CONTEXTS: dict[str, Any] = {}
 
 
 def _per_store_extractor() -> Any:
@@ -26,6 +27,27 @@ def _per_store_extractor() -> Any:
 
         _EXTRACTOR = ms.feature_extractor.PerStoreFeature()
     return _EXTRACTOR
+
+
+def _tune_context(target: Any) -> Any:
+    """A bare TuneContext holding the target, one per target.
+
+    Built through the FFI constructor: TuneContext.__init__ first imports every
+    tensor intrinsic TVM ships (CUDA, ROCm, Hexagon, ...), which takes about a
+    minute per process and which the per-store features do not use.
+    """
+    key = str(target)
+    if key not in _CONTEXTS:
+        from tvm.s_tir.meta_schedule import _ffi_api
+        from tvm.s_tir.meta_schedule.logging import get_logger, get_logging_func
+        from tvm.s_tir.meta_schedule.tune_context import TuneContext
+
+        context = TuneContext.__new__(TuneContext)
+        context.__init_handle_by_constructor__(
+            _ffi_api.TuneContext, None, target, None, None, "main", 1, -1,
+            get_logging_func(get_logger(__name__)))
+        _CONTEXTS[key] = context
+    return _CONTEXTS[key]
 
 
 LOOP_FEATURES = 164 * 3  # mean, max and sum over the stores of PerStoreFeature's 164
@@ -38,7 +60,7 @@ def loop_nest_features(primfunc: Any, target: Any) -> np.ndarray:
     from tvm.s_tir.schedule import Schedule
 
     mod = tvm.IRModule({"main": primfunc})
-    context = ms.TuneContext(mod=mod, target=target)
+    context = _tune_context(target)
     args = [ms.arg_info.TensorInfo(str(p.dtype), [int(d) for d in p.shape])
             for p in primfunc.params] if hasattr(primfunc.params[0], "shape") else []
     candidate = ms.MeasureCandidate(Schedule(mod), args)

@@ -3,7 +3,7 @@ search, and TVM MetaSchedule's own tune_tir on the same workloads and trial coun
 with torch as the reference, in one run.
 
     python benchmarks/tuner_efficiency.py [--trials 512] [--seeds 3] [--only matmul_512]
-        [--no-metaschedule]
+        [--tuners xgb,random,metaschedule]
 """
 
 from __future__ import annotations
@@ -31,6 +31,17 @@ SELECTED = ["matmul_512", "matmul_1024", "conv_64x56_64_k3s1", "conv_128x28_128_
 CHECKPOINTS = [16, 32, 64, 128, 256, 512, 1024, 2048]
 
 
+def build_without_intrinsics(mod, target, _params):
+    """MetaSchedule's default build minus its `import tvm.s_tir.tensor_intrin`: that
+    import parses every intrinsic TVM ships (about a minute), longer than a build
+    worker's time-out, in every fresh worker; a CPU float32 workload uses none."""
+    import tvm
+    from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
+
+    mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
+    return tvm.tirx.build(mod, target=target)
+
+
 def metaschedule_curve(task, trials: int, target, seed: int) -> list[float]:
     """Best seconds after each trial of MetaSchedule's tune_tir on the task's anchor
     (its default layout, as built by the task with the fallback config, unscheduled)."""
@@ -43,8 +54,11 @@ def metaschedule_curve(task, trials: int, target, seed: int) -> list[float]:
     placeholders, outputs = build_te(task.kernel_func(None), target)
     mod = tvm.IRModule({"main": te.create_prim_func(placeholders + outputs)})
     with tempfile.TemporaryDirectory() as work_dir:
+        builder = ms.builder.LocalBuilder(f_build=build_without_intrinsics, max_workers=2,
+                                          timeout_sec=60)
         database = ms.tune_tir(mod, target, work_dir, max_trials_global=trials,
-                               num_trials_per_iter=64, seed=seed, num_tuning_cores=2)
+                               num_trials_per_iter=64, seed=seed, num_tuning_cores=2,
+                               builder=builder)
         records = database.get_all_tuning_records()
         costs = [float(np.median([float(s) for s in r.run_secs])) if r.run_secs else math.inf
                  for r in records]
@@ -60,7 +74,8 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=512)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--only", default=",".join(SELECTED))
-    parser.add_argument("--no-metaschedule", action="store_true")
+    parser.add_argument("--tuners", default="xgb,random,metaschedule",
+                        help="comma-separated subset of xgb, random, metaschedule")
     parser.add_argument("--output", default="tuner_efficiency")
     args = parser.parse_args()
     torch.set_num_threads(2)
@@ -83,7 +98,7 @@ def main() -> None:
 
             curves: dict[str, list[list[float]]] = {"xgb": [], "random": [], "metaschedule": []}
             for seed in range(args.seeds):
-                for name in ("xgb", "random"):
+                for name in [t for t in ("xgb", "random") if t in args.tuners]:
                     start = time.perf_counter()
                     tuner = make_tuner(name, task, seed=seed)
                     tuner.tune(args.trials, lambda cs: measure_batch(  # noqa: B023
@@ -92,7 +107,7 @@ def main() -> None:
                     print(f"{wl['name']} {name} seed {seed}: "
                           f"{gflops(tuner.history.best_cost):.1f} GFLOP/s "
                           f"({time.perf_counter() - start:.0f}s)", flush=True)
-                if not args.no_metaschedule:
+                if "metaschedule" in args.tuners:
                     try:
                         curves["metaschedule"].append(
                             metaschedule_curve(task, args.trials, target, seed))
@@ -100,7 +115,7 @@ def main() -> None:
                         print(f"MetaSchedule failed on {wl['name']}: {err}")
             mean_at = {name: [float(np.mean([gflops(at(c, m)) for c in cs])) if cs else 0.0
                               for m in marks] for name, cs in curves.items()}
-            random_best = mean_at["random"][-1]
+            random_best = mean_at["random"][-1] if curves["random"] else math.inf
             reach = [next((m for m, g in zip(marks, mean_at["xgb"], strict=True)
                            if g >= random_best), None)]
             for name in ("xgb", "random", "metaschedule"):

@@ -72,25 +72,32 @@ def main() -> None:
         np_inputs = [x.numpy() for x in inputs]
         error = max_rel_error(cm(*inputs), expected)
         competitors["tecc"] = lambda: cm(*np_inputs)  # noqa: B023
+        if args.records:  # the fallback configs too, in the same rounds
+            untuned = tecc.compile(model, inputs)
+            competitors["untuned"] = lambda: untuned(*np_inputs)  # noqa: B023
 
         with torch.no_grad():
             times = interleaved_ms(competitors)
         eager, tecc_ms = times["eager"], times["tecc"]
         inductor, ort_ms = times.get("inductor", float("nan")), times.get("ort", float("nan"))
-        rows.append([name, f"{eager:.3f}", f"{inductor:.3f}", f"{ort_ms:.3f}", f"{tecc_ms:.3f}",
-                     f"{eager / tecc_ms:.2f}x", f"{ort_ms / tecc_ms:.2f}x",
+        untuned_col = [f"{times['untuned']:.3f}"] if args.records else []
+        rows.append([name, f"{eager:.3f}", f"{inductor:.3f}", f"{ort_ms:.3f}", *untuned_col,
+                     f"{tecc_ms:.3f}", f"{eager / tecc_ms:.2f}x", f"{ort_ms / tecc_ms:.2f}x",
                      f"{len(cm.plan['kernels'])}", f"{compile_s:.0f}", f"{error:.1e}"])
         print(rows[-1], flush=True)
     write_table(
         args.output, "End-to-end latency, CPU, batch 1 (median ms)",
-        ["model", "torch eager", "torch.compile", "ONNX Runtime", "tecc", "tecc vs eager",
-         "tecc vs ORT", "kernel calls", "tecc compile s", "max rel err"],
+        ["model", "torch eager", "torch.compile", "ONNX Runtime"]
+        + (["tecc untuned"] if args.records else [])
+        + ["tecc", "tecc vs eager", "tecc vs ORT", "kernel calls", "tecc compile s",
+           "max rel err"],
         rows,
         [f"Host: {host_line()}; {args.threads} threads for every framework.",
          f"torch {torch.__version__}, tecc {tecc.__version__}, tuning records: "
          f"{args.records or 'none (fallback configs)'}.",
          "Medians over interleaved rounds (every competitor measured in each round).",
-         "Ratios above 1 mean tecc is faster. Command: `python benchmarks/e2e_cpu.py`."],
+         "Ratios above 1 mean tecc is faster. Command: `python benchmarks/e2e_cpu.py"
+         + (f" --records {args.records} --output {args.output}`." if args.records else "`.")],
     )
 
 

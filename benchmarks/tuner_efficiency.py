@@ -9,6 +9,7 @@ with torch as the reference, in one run.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 import tempfile
@@ -56,12 +57,14 @@ def metaschedule_curve(task, trials: int, target, seed: int) -> list[float]:
     with tempfile.TemporaryDirectory() as work_dir:
         builder = ms.builder.LocalBuilder(f_build=build_without_intrinsics, max_workers=2,
                                           timeout_sec=60)
-        database = ms.tune_tir(mod, target, work_dir, max_trials_global=trials,
-                               num_trials_per_iter=64, seed=seed, num_tuning_cores=2,
-                               builder=builder)
-        records = database.get_all_tuning_records()
-        costs = [float(np.median([float(s) for s in r.run_secs])) if r.run_secs else math.inf
-                 for r in records]
+        ms.tune_tir(mod, target, work_dir, max_trials_global=trials, num_trials_per_iter=64,
+                    seed=seed, num_tuning_cores=2, builder=builder)
+        # the JSON database file is appended in measurement order (the database object
+        # returns its records sorted by cost)
+        costs = []
+        for line in (Path(work_dir) / "database_tuning_record.json").read_text().splitlines():
+            run_secs = json.loads(line)[1][1]
+            costs.append(float(np.median(run_secs)) if run_secs else math.inf)
     return list(np.minimum.accumulate(costs)) if costs else []
 
 

@@ -126,7 +126,8 @@ def main() -> None:
                     rows.append([wl["name"], name] + [f"{g:.1f}" for g in mean_at[name]]
                                 + [f"{torch_gflops:.1f}",
                                    f"{mean_at[name][-1] / torch_gflops:.2f}",
-                                   str(reach[0]) if name == "xgb" else ""])
+                                   ("not reached" if reach[0] is None else str(reach[0]))
+                                   if name == "xgb" and curves["random"] else ""])
                     print(rows[-1], flush=True)
     write_table(
         args.output, "Tuner efficiency: best GFLOP/s against trials (mean over seeds)",
@@ -135,7 +136,8 @@ def main() -> None:
         rows,
         [f"Host: {host_line()}; {args.seeds} seed(s), batches of 32 for tecc's tuners, "
          "64 for MetaSchedule (evolutionary search, its XGBoost model).",
-         "Command: `python benchmarks/tuner_efficiency.py`."],
+         f"Command: `python benchmarks/tuner_efficiency.py --trials {args.trials} "
+         f"--seeds {args.seeds}`."],
     )
 
 

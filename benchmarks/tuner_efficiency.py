@@ -81,6 +81,7 @@ def main() -> None:
                         help="comma-separated subset of xgb, random, metaschedule")
     parser.add_argument("--output", default="tuner_efficiency")
     args = parser.parse_args()
+    tuners = set(args.tuners.split(","))
     torch.set_num_threads(2)
     target = resolve_target("llvm")
     chosen = [w for w in workloads() if w["name"] in args.only.split(",")]
@@ -101,7 +102,7 @@ def main() -> None:
 
             curves: dict[str, list[list[float]]] = {"xgb": [], "random": [], "metaschedule": []}
             for seed in range(args.seeds):
-                for name in [t for t in ("xgb", "random") if t in args.tuners]:
+                for name in [t for t in ("xgb", "random") if t in tuners]:
                     start = time.perf_counter()
                     tuner = make_tuner(name, task, seed=seed)
                     tuner.tune(args.trials, lambda cs: measure_batch(  # noqa: B023
@@ -110,7 +111,7 @@ def main() -> None:
                     print(f"{wl['name']} {name} seed {seed}: "
                           f"{gflops(tuner.history.best_cost):.1f} GFLOP/s "
                           f"({time.perf_counter() - start:.0f}s)", flush=True)
-                if "metaschedule" in args.tuners:
+                if "metaschedule" in tuners:
                     try:
                         curves["metaschedule"].append(
                             metaschedule_curve(task, args.trials, target, seed))

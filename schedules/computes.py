@@ -108,11 +108,17 @@ def _c(v: float, dtype: str) -> tvm.tirx.PrimExpr:
 # max relative error 4e-6): they vectorize, where tirx.erf / tirx.exp are a scalar
 # libm call per element (half of a BERT intermediate dense layer's time went to its
 # gelu epilogue, a fifth of a MobileNet's to its silu epilogues)
-FAST_ERF_DTYPES = ("float32",)
+FAST_MATH_DTYPES = ("float32",)
+
+
+def _erf_of(x: te.Tensor) -> te.Tensor:
+    if x.dtype in FAST_MATH_DTYPES:
+        return topi.fast_erf(x)
+    return te.compute(x.shape, lambda *i: tvm.tirx.erf(x[i]), name="erf")
 
 
 def _sigmoid_of(x: te.Tensor, name: str) -> te.Tensor:
-    if x.dtype not in FAST_ERF_DTYPES:
+    if x.dtype not in FAST_MATH_DTYPES:
         return te.compute(x.shape, lambda *i: tvm.tirx.sigmoid(x[i]), name=name)
     one = _c(1.0, x.dtype)
     neg = te.compute(x.shape, lambda *i: -x[i], name=f"{name}_neg")
@@ -143,10 +149,7 @@ _unary("tanh", lambda x, d: tvm.tirx.tanh(x))
 
 @register_compute("erf")
 def _erf(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
-    x = args[0]
-    if x.dtype in FAST_ERF_DTYPES:
-        return topi.fast_erf(x)
-    return _elemwise(args, out_type, tvm.tirx.erf, "erf")
+    return _erf_of(args[0])
 
 
 _unary("relu", lambda x, d: tvm.tirx.max(x, _c(0, d)))
@@ -170,11 +173,8 @@ def _gelu(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
             return _c(0.5, d) * x * (_c(1.0, d) + tvm.tirx.tanh(inner))
         return _elemwise(args, out_type, fn, "gelu")
     x = args[0]
-    if x.dtype not in FAST_ERF_DTYPES:
-        return _elemwise(args, out_type, lambda v: _c(0.5, d) * v * (_c(1.0, d) + tvm.tirx.erf(
-            v * _c(1 / math.sqrt(2.0), d))), "gelu")
     scaled = te.compute(x.shape, lambda *i: x[i] * _c(1 / math.sqrt(2.0), d), name="gelu_scaled")
-    erf = topi.fast_erf(scaled)
+    erf = _erf_of(scaled)
     return te.compute(x.shape, lambda *i: _c(0.5, d) * x[i] * (_c(1.0, d) + erf[i]), name="gelu")
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -324,6 +324,19 @@ def _epilogue_target(sch: Schedule, anchor, write_back):
     return write_back
 
 
+def _tile_epilogue_parallel(sch: Schedule, anchor, write_back, at, outer: Sequence,
+                            work: int):
+    """The tail every tiled anchor nest shares: the epilogue (or write-back) computed
+    under loop `at` on the finished tile, the `outer` loops fused and made parallel when
+    there is enough work. Returns the epilogue block."""
+    target = _epilogue_target(sch, anchor, write_back)
+    sch.reverse_compute_at(target, at, preserve_unit_loops=True)
+    top = sch.fuse(*outer)
+    if work >= PARALLEL_MIN_WORK:
+        sch.parallel(top)
+    return target
+
+
 def _require_identity_read(sch: Schedule, consumer, buffer) -> None:
     """reverse_compute_at relaxes the consumer's region to a bounding box; unless the
     consumer reads the anchor's result elementwise (same index, same shape) that box
@@ -395,11 +408,7 @@ def _conv2d(sch: Schedule, block, lanes: int) -> None:
     oco, oci = sch.split(oc, [None, ocb])
     owo, owi = sch.split(ow, [None, owb])
     sch.reorder(n, oco, oh, owo, ic, kh, kw, oci, owi)
-    target = _epilogue_target(sch, block, acc)
-    sch.reverse_compute_at(target, owo, preserve_unit_loops=True)
-    top = sch.fuse(n, oco, oh)
-    if math.prod(exts) >= PARALLEL_MIN_WORK:
-        sch.parallel(top)
+    target = _tile_epilogue_parallel(sch, block, acc, owo, [n, oco, oh], math.prod(exts))
     sch.unroll(oci)
     if owb >= 4:  # odd widths (7, 14) become LLVM vectors with a short tail
         sch.vectorize(owi)

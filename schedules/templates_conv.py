@@ -26,7 +26,7 @@ from typing import Any
 
 from frontend.ir import Call
 from graph_opt.layout import default_out_block_for, in_block, out_block_candidates
-from schedules.default import PARALLEL_MIN_WORK, _acc_budget, _epilogue_target, _largest_divisor
+from schedules.default import _acc_budget, _largest_divisor, _tile_epilogue_parallel
 from schedules.default import _vectorize_tail as vectorize_tail
 from schedules.space import Config, ConfigSpace
 from schedules.template import ScheduleContext, Template, register_template
@@ -219,11 +219,7 @@ def _register_tile(ctx: ScheduleContext, config: Config, n, c_outer, oh, ow, c_b
     owo, owi = sch.split(ow, [None, owb])
     oho, ohi = sch.split(oh, [None, ohb])
     sch.reorder(n, c_outer, oho, owo, *reduction, *inner, ohi, owi, c_block)
-    target = _epilogue_target(sch, block, acc)
-    sch.reverse_compute_at(target, owo, preserve_unit_loops=True)
-    top = sch.fuse(n, c_outer, oho)
-    if math.prod(exts) >= PARALLEL_MIN_WORK:
-        sch.parallel(top)
+    target = _tile_epilogue_parallel(sch, block, acc, owo, [n, c_outer, oho], math.prod(exts))
     sch.unroll(owi)
     if ohb > 1:
         sch.unroll(ohi)

@@ -28,12 +28,11 @@ from frontend.ir import Call
 from graph_opt.dense_pack import default_dense_block, dense_block_candidates
 from schedules.default import (
     COMM_REDUCE,
-    PARALLEL_MIN_WORK,
-    _epilogue_target,
     _iter_types,
     _pack_map,
     _pack_schedule,
     _root_blocks,
+    _tile_epilogue_parallel,
     _vectorize_tail,
 )
 from schedules.space import Config, ConfigSpace
@@ -232,11 +231,8 @@ class DenseLikeTemplate(Template):
         else:
             sch.reorder(*batch, moo, noo, ko, mti, nti, ki, *kinner, mii, ni)
             at = noo
-        target = _epilogue_target(sch, block, acc)
-        sch.reverse_compute_at(target, at, preserve_unit_loops=True)
-        top = sch.fuse(*batch, moo, noo)
-        if batch_ext * m_ext * n_ext * k_ext >= PARALLEL_MIN_WORK:
-            sch.parallel(top)
+        target = _tile_epilogue_parallel(sch, block, acc, at, [*batch, moo, noo],
+                                         batch_ext * m_ext * n_ext * k_ext)
         for lp in kinner:
             sch.unroll(lp)
         sch.unroll(mii)

@@ -6,11 +6,19 @@ A line:
    "costs_s": [...], "error": null | "kind: message", "timestamp": ...,
    "host": {"cpu": ..., "cores": ...}, "tecc": ..., "tvm": ...}
 A line that does not parse or lacks a field is skipped; one warning counts them.
+
+A line may also carry "verify": "<session>": a re-measurement at the end of tuning,
+where a task's best configs and its fallback ran in interleaved rounds (one line per
+config and round). A single measurement can be lucky or unlucky by 2x on a busy
+machine; the rounds of one session ran under the same conditions, so at compile time
+the latest session decides (lowest median over its rounds), the other lines only
+where a workload has no session.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import statistics
@@ -79,6 +87,7 @@ class Record:
     host: dict[str, Any] | None = None
     tecc: str = ""
     tvm: str = ""
+    verify: str | None = None  # the verification session of a re-measurement
 
     @property
     def ok(self) -> bool:
@@ -93,11 +102,18 @@ class Record:
     def key(self) -> str:
         return workload_key(self.workload)
 
+    @property
+    def config_key(self) -> str:
+        return json.dumps(self.config, sort_keys=True)
+
     def to_json(self) -> dict[str, Any]:
-        return {"version": RECORD_VERSION, "target": self.target, "workload": self.workload,
+        data = {"version": RECORD_VERSION, "target": self.target, "workload": self.workload,
                 "config": self.config, "costs_s": self.costs_s, "error": self.error,
                 "timestamp": self.timestamp, "host": self.host, "tecc": self.tecc,
                 "tvm": self.tvm}
+        if self.verify is not None:
+            data["verify"] = self.verify
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Record:
@@ -111,10 +127,13 @@ class Record:
             raise ValueError("costs_s must be a list of numbers")
         if not isinstance(data["workload"], dict) or not isinstance(data["config"], dict):
             raise ValueError("workload and config must be objects")
+        verify = data.get("verify")
+        if verify is not None and not isinstance(verify, str):
+            raise ValueError("verify must be a session name")
         return cls(data["target"], data["workload"], data["config"],
                    [float(c) for c in data["costs_s"]], data["error"],
                    float(data.get("timestamp") or 0), data.get("host"),
-                   str(data.get("tecc", "")), str(data.get("tvm", "")))
+                   str(data.get("tecc", "")), str(data.get("tvm", "")), verify)
 
 
 class RecordWriter:
@@ -190,14 +209,56 @@ class Choice:
     cost_s: float | None = None
 
 
+def _latest_session(records: Sequence[Record]) -> list[Record]:
+    """The records of the latest verification session among `records` (none: [])."""
+    sessions: dict[str, list[Record]] = {}
+    for r in records:
+        if r.verify is not None:
+            sessions.setdefault(r.verify, []).append(r)
+    if not sessions:
+        return []
+    return max(sessions.values(), key=lambda rs: max(r.timestamp for r in rs))
+
+
+def _by_median(records: Sequence[Record]) -> tuple[Record, float] | None:
+    """The config with the lowest median cost over its records (one of its records
+    and that median); a config that failed in any round does not count."""
+    costs: dict[str, list[float]] = {}
+    first: dict[str, Record] = {}
+    for r in records:
+        costs.setdefault(r.config_key, []).append(r.cost)
+        first.setdefault(r.config_key, r)
+    medians = {k: statistics.median(c) for k, c in costs.items() if all(map(math.isfinite, c))}
+    if not medians:
+        return None
+    best = min(medians, key=medians.__getitem__)
+    return first[best], medians[best]
+
+
+def best_records(records: Iterable[Record]) -> list[Record]:
+    """Per workload and exact target, the records compile time decides by: the latest
+    verification session in full, or else the single best measurement."""
+    groups: dict[tuple[str, str], list[Record]] = {}
+    for r in records:
+        groups.setdefault((r.key, exact_target_key(r.target)), []).append(r)
+    kept: list[Record] = []
+    for group in groups.values():
+        session = _latest_session(group)
+        ok = [r for r in group if r.ok]
+        if session:
+            kept += session
+        elif ok:
+            kept.append(min(ok, key=lambda r: r.cost))
+    return kept
+
+
 class RecordDatabase:
-    """The best measured config per (workload, target), for compile time."""
+    """The config to use per (workload, target), for compile time: from the latest
+    verification session when there is one, else the best single measurement."""
 
     def __init__(self, records: Iterable[Record] = ()) -> None:
-        self._best: dict[tuple[str, str], Record] = {}
-        self._best_family: dict[tuple[str, str], Record] = {}
-        self._all: dict[tuple[str, str], list[Record]] = {}
-        self._all_family: dict[tuple[str, str], list[Record]] = {}
+        self._exact: dict[tuple[str, str], list[Record]] = {}
+        self._family: dict[tuple[str, str], list[Record]] = {}
         self.count = 0
         for r in records:
             self.add(r)
@@ -212,36 +273,37 @@ class RecordDatabase:
 
     def add(self, record: Record) -> None:
         self.count += 1
-        if not record.ok:
-            return
-        for table, every, tkey in (
-                (self._best, self._all, exact_target_key(record.target)),
-                (self._best_family, self._all_family, isa_family(record.target))):
-            key = (record.key, tkey)
-            every.setdefault(key, []).append(record)
-            if key not in table or record.cost < table[key].cost:
-                table[key] = record
+        if not record.ok and record.verify is None:
+            return  # a failed round still counts against its config in a session
+        self._exact.setdefault((record.key, exact_target_key(record.target)), []).append(record)
+        self._family.setdefault((record.key, isa_family(record.target)), []).append(record)
+
+    @staticmethod
+    def _pick(records: Sequence[Record], wanted: Any = None) -> tuple[Record, float] | None:
+        fits = [r for r in records if wanted is None or wanted(r.config)]
+        session = _latest_session(fits)
+        if session:
+            picked = _by_median(session)
+            if picked is not None:
+                return picked
+        ok = [r for r in fits if r.ok]
+        if not ok:
+            return None
+        best = min(ok, key=lambda r: r.cost)
+        return best, best.cost
 
     def choose_where(self, workload: dict[str, Any], target: dict[str, Any],
                      wanted: Any) -> Choice | None:
-        """The best record whose config satisfies `wanted(config)` (exact target, then
+        """The config to use among those satisfying `wanted(config)` (exact target, then
         compatible); None if no measured config does. For layout-aware choices: a
         config whose input layout matches the producer's avoids a transform."""
         key = workload_key(workload)
-        for every, tkey, source in ((self._all, exact_target_key(target), "exact"),
-                                    (self._all_family, isa_family(target), "compatible")):
-            fits = [r for r in every.get((key, tkey), []) if wanted(r.config)]
-            if fits:
-                best = min(fits, key=lambda r: r.cost)
-                return Choice(best.config, source, best.cost)
+        for table, tkey, source in ((self._exact, exact_target_key(target), "exact"),
+                                    (self._family, isa_family(target), "compatible")):
+            picked = self._pick(table.get((key, tkey), []), wanted)
+            if picked is not None:
+                return Choice(picked[0].config, source, picked[1])
         return None
 
     def choose(self, workload: dict[str, Any], target: dict[str, Any]) -> Choice:
-        key = workload_key(workload)
-        exact = self._best.get((key, exact_target_key(target)))
-        if exact is not None:
-            return Choice(exact.config, "exact", exact.cost)
-        compatible = self._best_family.get((key, isa_family(target)))
-        if compatible is not None:
-            return Choice(compatible.config, "compatible", compatible.cost)
-        return Choice(None, "fallback")
+        return self.choose_where(workload, target, None) or Choice(None, "fallback")

@@ -112,21 +112,19 @@ def out_block_candidates(lanes: int) -> list[int]:
 
 
 def default_out_block(conv: Call, channels: int, lanes: int) -> int | None:
-    """The largest of 2x, 1x, 1/2x the vector lanes dividing `channels`. Two vectors
-    (2x) only with 8 lanes (AVX2's 16 registers) and when the output width has a
-    divisor of 4..6: the conv's register tile is (output columns) x (vectors), and
-    two vectors times 4-6 columns (8-12 accumulators) is what fits; on 14 or 7
-    columns (and with AVX-512's 16 lanes) one vector with 7-14 columns measured
-    faster (ResNet-18, 2 cores: 256ch 14x14 77 vs 49 GFLOP/s, 512ch 7x7 67 vs 28)."""
-    return default_out_block_for(conv.shape[3], channels, lanes)
+    """The largest of 2x, 1x, 1/2x the vector lanes dividing `channels`; two vectors
+    only with 8 lanes (AVX2). The conv's register tile is (output columns) x
+    (vectors): with AVX2's 16 registers, 6 columns x 2 vectors (12 accumulators,
+    each broadcast input used twice) beat one vector x 12-14 columns on ResNet-18's
+    3x3 convs (2 cores: 56x56 142 vs 127 GFLOP/s, 28x28 135 vs 115, 14x14 134 vs
+    114, 7x7 101 vs 93)."""
+    return default_out_block_for(channels, lanes)
 
 
-def default_out_block_for(width: int, channels: int, lanes: int) -> int | None:
-    """default_out_block from the output width alone (the conv template's fallback)."""
+def default_out_block_for(channels: int, lanes: int) -> int | None:
+    """default_out_block without the call (the conv template's fallback)."""
     for b in out_block_candidates(lanes):
-        if channels % b:
-            continue
-        if b == 2 * lanes and (lanes >= 16 or not any(width % d == 0 for d in (4, 5, 6))):
+        if channels % b or (b == 2 * lanes and lanes >= 16):
             continue
         return b
     return None

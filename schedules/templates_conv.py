@@ -6,7 +6,11 @@ conv2d_NCHWc: data [N, C/ic, H, W, ic] x kernel [OC/oc, IPG/ic, KH, KW, ic, oc].
                oh_inner (tile_oh, unrolled) / ow_inner (tile_ow, unrolled) /
                oc (vectorized)
     The tile_oh x tile_ow x (oc_bn / lanes) accumulators stay in registers; the fused
-    epilogue runs under ow_outer on the finished tile.
+    epilogue runs under ow_outer on the finished tile. tile_ow need not divide the
+    output width: the last column tile is partitioned off (TIR's LoopPartition, from
+    a hint on ow_outer), so the full tiles run without bounds checks and the widths
+    of ResNet (56, 28, 14, 7) all get the 6-column x 2-vector (12 accumulator) tile
+    AVX2's 16 registers hold.
 depthwise_conv2d_NCHWc: data [N, C/c, H, W, c] x kernel [C/c, 1, KH, KW, 1, c]:
     parallel(n, c_chunk, oh_outer) / ow_outer / kh, kw / oh_inner / ow_inner / c.
 
@@ -26,13 +30,13 @@ from typing import Any
 
 from frontend.ir import Call
 from graph_opt.layout import default_out_block_for, in_block, out_block_candidates
-from schedules.default import _acc_budget, _largest_divisor, _tile_epilogue_parallel
+from schedules.default import _acc_budget, _tile_epilogue_parallel
 from schedules.default import _vectorize_tail as vectorize_tail
 from schedules.space import Config, ConfigSpace
 from schedules.template import ScheduleContext, Template, register_template
 from schedules.templates_dense import _config_from_values
 
-MAX_TILE_OW = 32
+MAX_TILE_OW = 28  # AVX-512's accumulator budget with one vector per column
 
 
 def _pad4(padding: Any) -> list[int]:
@@ -81,12 +85,16 @@ def block_options(channels: int, lanes: int) -> list[int]:
 
 
 def ow_tiles(ow: int) -> list[int]:
-    return [d for d in range(1, min(ow, MAX_TILE_OW) + 1) if ow % d == 0]
+    return list(range(1, min(ow, MAX_TILE_OW) + 1))
 
 
 def default_ow_tile(ow: int, oc_bn: int, lanes: int) -> int:
+    """The widest column tile the accumulator budget allows, evened out over the
+    width so that the tail tile is not a sliver (7 columns: 4 + 3, not 6 + 1)."""
     vecs = max(1, -(-oc_bn // lanes))
-    return _largest_divisor(ow, max(1, _acc_budget(lanes, vecs) // vecs))
+    widest = max(1, min(ow, _acc_budget(lanes, vecs) // vecs))
+    tiles = -(-ow // widest)
+    return -(-ow // tiles)
 
 
 class _ConvBase(Template):
@@ -131,7 +139,7 @@ class Conv2dNCHWcTemplate(_ConvBase):
                         blocks: tuple[int, int] | None = None) -> dict[str, Any]:
         d = conv_dims(wl)
         if blocks is None:
-            oc = default_out_block_for(d["ow"], d["opg"], lanes) or lanes
+            oc = default_out_block_for(d["opg"], lanes) or lanes
             blocks = (in_block(d["ipg"], lanes), oc)
         ic_bn, oc_bn = blocks
         return {"ic_bn": ic_bn, "oc_bn": oc_bn, "tile_ow": default_ow_tile(d["ow"], oc_bn, lanes),
@@ -178,7 +186,7 @@ class DepthwiseNCHWcTemplate(_ConvBase):
                         block: int | None = None) -> dict[str, Any]:
         d = conv_dims(wl)
         if block is None:
-            block = default_out_block_for(d["ow"], d["c"], lanes) or lanes
+            block = default_out_block_for(d["c"], lanes) or lanes
         return {"c_bn": block, "tile_ow": default_ow_tile(d["ow"], block, lanes),
                 "tile_oh": 1, "unroll_kw": d["kw"] <= 7}
 
@@ -213,13 +221,16 @@ def _register_tile(ctx: ScheduleContext, config: Config, n, c_outer, oh, ow, c_b
     if any(e is None for e in exts):
         raise ValueError("symbolic extents")
     owb, ohb = config["tile_ow"], config["tile_oh"]
-    if exts[3] % owb or exts[2] % ohb:
-        raise ValueError("tile_ow / tile_oh must divide the output")
+    if exts[2] % ohb:
+        raise ValueError("tile_oh must divide the output height")
     acc = sch.cache_write(block, 0, "local")
     owo, owi = sch.split(ow, [None, owb])
     oho, ohi = sch.split(oh, [None, ohb])
     sch.reorder(n, c_outer, oho, owo, *reduction, *inner, ohi, owi, c_block)
     target = _tile_epilogue_parallel(sch, block, acc, owo, [n, c_outer, oho], math.prod(exts))
+    if exts[3] % owb:
+        # the bounds check of the tail tile would sit on every FMA of every tile
+        sch.annotate(owo, "pragma_loop_partition_hint", 1)
     sch.unroll(owi)
     if ohb > 1:
         sch.unroll(ohi)

@@ -154,11 +154,15 @@ def tune(
     plot: str | os.PathLike | None = None,
     progress: bool = True,
     seed: int = 0,
+    verify_top: int = 4,
+    verify_rounds: int = 3,
 ) -> list:
     """Tune the kernels of `model` for `target` with `trials` measurements in all,
     appending every measurement to `records` (re-running on the same file resumes).
-    `tecc.compile(model, ..., records=records)` then uses the best configs.
-    Returns the per-task tuning states (their histories and best GFLOP/s)."""
+    Then each kernel's `verify_top` best configs and its untuned fallback are measured
+    again in `verify_rounds` interleaved rounds (0: skip), and compile time decides by
+    those rounds. `tecc.compile(model, ..., records=records)` then uses the best
+    configs. Returns the per-task tuning states (their histories and best GFLOP/s)."""
     from autotune.tune import plot_curves, tune_tasks
     from schedules.tasks import extract_tasks
 
@@ -174,7 +178,8 @@ def tune(
     states = tune_tasks(tasks, weights, records, trials, tuner=tuner, batch_size=batch_size,
                         early_stopping=early_stopping, timeout_s=timeout, seed=seed,
                         progress=progress, tecc_version=__version__,
-                        tvm_version=tvm.__version__)
+                        tvm_version=tvm.__version__, verify_top=verify_top,
+                        verify_rounds=verify_rounds)
     if plot:
         plot_curves(states, plot)
     return states

@@ -42,7 +42,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     model, example_inputs = load_model_spec(args.model)
     states = tecc.tune(model, example_inputs, target=args.target, records=args.records,
                        trials=args.trials, timeout=args.timeout, tuner=args.tuner,
-                       early_stopping=args.early_stopping or None, plot=args.plot)
+                       early_stopping=args.early_stopping or None, plot=args.plot,
+                       verify_top=args.verify_top, verify_rounds=args.verify_rounds)
     print(f"{'task':28s} {'calls':>5s} {'trials':>6s} {'best GFLOP/s':>12s}")
     for s in states:
         print(f"{s.task.name:28s} {s.weight:5d} {s.trials:6d} {s.best_gflops:12.1f}")
@@ -54,7 +55,7 @@ def cmd_records(args: argparse.Namespace) -> int:
     """Inspect, merge, or keep the best record per workload and target."""
     import json
 
-    from autotune.records import exact_target_key, load_records
+    from autotune.records import best_records, exact_target_key, load_records
 
     records, skipped = load_records(args.files)
     if args.action == "show":
@@ -73,12 +74,7 @@ def cmd_records(args: argparse.Namespace) -> int:
     if not args.output:
         raise SystemExit("tecc records: --output is needed to merge or pick the best")
     if args.action == "best":
-        best: dict[tuple[str, str], object] = {}
-        for r in records:
-            k = (r.key, exact_target_key(r.target))
-            if r.ok and (k not in best or r.cost < best[k].cost):
-                best[k] = r
-        records = list(best.values())
+        records = best_records(records)
     with open(args.output, "w", encoding="utf-8") as f:
         for r in records:
             f.write(json.dumps(r.to_json(), sort_keys=True) + "\n")
@@ -145,6 +141,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--early-stopping", type=int, default=128,
                    help="stop a task after this many trials without improvement (0: never)")
     p.add_argument("--plot", help="write best GFLOP/s against trials to this PNG")
+    p.add_argument("--verify-top", type=int, default=4,
+                   help="re-measure this many best configs per kernel, and its fallback, "
+                        "at the end (0: no verification)")
+    p.add_argument("--verify-rounds", type=int, default=3,
+                   help="interleaved rounds of that re-measurement")
     p.set_defaults(func=cmd_tune)
 
     p = sub.add_parser("records", help="inspect, merge or pick the best tuning records")

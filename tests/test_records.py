@@ -89,3 +89,51 @@ def test_choose_where_prefers_a_matching_layout():
     match = db.choose_where(conv, AVX2, lambda c: c["ic_bn"] == 8)
     assert match.config == {"ic_bn": 8, "oc_bn": 8} and match.source == "exact"
     assert db.choose_where(conv, AVX2, lambda c: c["ic_bn"] == 4) is None
+
+
+def _session(name: str, timestamp: float, costs: dict[int, list[float | None]]) -> list[Record]:
+    """One verification session: per tile, one record per round (None: that round failed)."""
+    return [Record(AVX2, DENSE, {"tile": tile}, [] if c is None else [c],
+                   None if c is not None else "run_error: crashed", timestamp, verify=name)
+            for tile, rounds in costs.items() for c in rounds]
+
+
+def test_latest_verification_session_decides_by_median(tmp_path):
+    lucky = [rec(AVX2, 1.0e-3, 4), rec(AVX2, 1.5e-3, 8), rec(AVX2, 1.2e-3, 16)]
+    older = _session("s1", 10.0, {4: [2e-3] * 3, 16: [0.5e-3] * 3})
+    latest = _session("s2", 20.0, {4: [2.0e-3, 1.0e-3, 2.1e-3], 8: [1.4e-3, 3.0e-3, 1.5e-3],
+                                   16: [0.4e-3, None, 0.4e-3]})
+    path = tmp_path / "r.jsonl"
+    with RecordWriter(path) as writer:
+        for r in lucky + older + latest:
+            writer.write(r)
+    records, skipped = load_records(path)
+    assert skipped == 0 and sum(r.verify == "s2" for r in records) == 9
+    db = RecordDatabase(records)
+    # the single lucky measurement (tile 4) and the config that failed a round (16) lose
+    choice = db.choose(DENSE, AVX2)
+    assert choice.config == {"tile": 8} and choice.cost_s == pytest.approx(1.5e-3)
+    assert db.choose_where(DENSE, AVX2, lambda c: c["tile"] != 8).config == {"tile": 4}
+    # no session among the configs that fit: the best single measurement
+    assert RecordDatabase(lucky + older).choose_where(
+        DENSE, AVX2, lambda c: c["tile"] == 8).config == {"tile": 8}
+    # a session on a compatible target also decides there
+    assert RecordDatabase(records).choose(DENSE, ZEN).config == {"tile": 8}
+
+    from autotune.records import best_records
+
+    kept = best_records(records)
+    assert {r.verify for r in kept} == {"s2"} and len(kept) == 9
+    assert [r.config for r in best_records(lucky)] == [{"tile": 4}]
+
+
+def test_verify_field_must_name_a_session(tmp_path):
+    path = tmp_path / "r.jsonl"
+    good = rec(AVX2, 1e-3, 4)
+    good.verify = "s1"
+    bad = dict(good.to_json(), verify=3)
+    path.write_text(json.dumps(good.to_json()) + "\n" + json.dumps(bad) + "\n")
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        records, skipped = load_records(path)
+    assert skipped == 1 and records[0].verify == "s1"

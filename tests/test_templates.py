@@ -81,7 +81,12 @@ def test_random_configs_match_numpy(name):
     task = _task(name)
     space = task.space
     print(f"{name}: {space.describe()}")
-    configs = [task.fallback_config(), *space.sample(random.Random(name), SAMPLES)]
+    _check_configs(task, [task.fallback_config(), *space.sample(random.Random(name), SAMPLES)])
+
+
+def _check_configs(task: Task, configs: list) -> dict:
+    """Build `configs` of `task` into one module, run each on the task's reference
+    inputs (outputs start as NaN) and compare; returns the scheduled PrimFuncs."""
     prims = {f"k{i}": task.build_primfunc(c).with_attr("global_symbol", f"k{i}")
              for i, c in enumerate(configs)}
     ex = tvm.compile(tvm.IRModule(prims), target=TARGET)
@@ -93,7 +98,31 @@ def test_random_configs_match_numpy(name):
         ex[f"k{i}"](*[tvm.runtime.tensor(a, DEV) for a in k_in], *outs)
         for got, want in zip(outs, k_out, strict=True):
             np.testing.assert_allclose(got.numpy(), want, rtol=1e-4, atol=1e-4,
-                                       err_msg=f"{name} config {cfg.to_json()}")
+                                       err_msg=f"{task.name} config {cfg.to_json()}")
+    return prims
+
+
+@pytest.mark.parametrize("name", ["conv_a", "dw_c"])
+def test_conv_column_tiles_need_not_divide_the_width(name):
+    """Every tile_ow, dividing the width or not, computes the conv; with a tail, the
+    full tiles are partitioned from it and carry no bounds check."""
+    task = _task(name)
+    fallback = task.fallback_config().to_json()
+    tiles = next(k for k in task.space.knobs if k.name == "tile_ow").options
+    width = 13 if name == "conv_a" else 7  # output columns
+    assert list(tiles) == list(range(1, width + 1))
+    prims = _check_configs(task, [task.space.from_json({**fallback, "tile_ow": t})
+                                  for t in tiles])
+
+    tail = width % 4 if width % 4 else width % 5  # a tile leaving a tail of `tail` columns
+    tile = 4 if width % 4 else 5
+    lowered = tvm.ir.transform.Sequential([
+        tvm.s_tir.transform.ConvertBlocksToOpaque(), tvm.s_tir.transform.LowerOpaqueBlock(),
+        tvm.s_tir.transform.LoopPartition(), tvm.tirx.transform.StmtSimplify(),
+    ])(tvm.IRModule({"k": prims[f"k{tile - 1}"]}))["k"].script()
+    checks = [line.strip() for line in lowered.splitlines() if line.strip().startswith("if ")]
+    # only the tail tile tests its column index, against the tail's width
+    assert checks and all(c.endswith(f"< {tail}:") for c in checks), checks
 
 
 @pytest.mark.parametrize("name", ["dense_c", "matmul_a", "bmm_nt", "conv_a", "conv_c",

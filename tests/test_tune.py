@@ -141,12 +141,17 @@ def test_killed_run_keeps_its_records_and_the_next_run_resumes(tmp_path):
     first, skipped = load_records(records)
     assert skipped == 0 and len(first) == len(lines)  # every line written is whole
 
+    assert not any(r.verify for r in first)  # killed before the verification rounds
+
     proc = run_tune(records, 8)
     assert proc.wait(timeout=300) == 0, proc.stderr.read().decode()[-2000:]
     second, _ = load_records(records)
-    assert len(second) == len(first) + 8
-    seen = [(r.key, json.dumps(r.config, sort_keys=True)) for r in second]
+    trials = [r for r in second if r.verify is None]
+    assert len(trials) == len(first) + 8
+    seen = [(r.key, json.dumps(r.config, sort_keys=True)) for r in trials]
     assert len(seen) == len(set(seen)), "a config was measured twice"
+    # the finished run re-measured its best configs, over the resumed ones too
+    assert any(r.verify for r in second)
 
 
 def test_tuned_records_are_applied(tmp_path):
@@ -155,9 +160,25 @@ def test_tuned_records_are_applied(tmp_path):
     states = tecc.tune(model, inputs, records=records, trials=12, tuner="random",
                        batch_size=4, progress=False)
     assert sum(s.trials for s in states) == 12
+    lines, _ = load_records(records)
+    assert sum(r.verify is None for r in lines) == 12
+    session = [r for r in lines if r.verify is not None]
+    assert len({r.verify for r in session}) == 1
     compiled = tecc.compile(model, inputs, records=records)
     sources = {t["source"] for t in compiled.tasks() if t["template"] == "dense"}
     assert sources == {"exact"} or "exact" in sources
+    for t in compiled.tasks():
+        rounds: dict[str, list[float]] = {}
+        for r in session:
+            if r.workload == t["workload"]:
+                rounds.setdefault(json.dumps(r.config, sort_keys=True), []).append(r.cost)
+        if t["source"] != "exact" or not rounds:
+            continue
+        # each verified config (best few and the fallback) ran 3 rounds; the lowest
+        # median is the one compile uses
+        assert all(len(c) == 3 for c in rounds.values()) and 2 <= len(rounds) <= 5
+        best = min(rounds, key=lambda k: float(np.median(rounds[k])))
+        assert json.loads(best) == t["config"]
     x = torch.randn(inputs[0].shape)
     with torch.no_grad():
         assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)

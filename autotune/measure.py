@@ -541,7 +541,12 @@ def run_built_batch(jobs: Sequence[RunJob], options: RunOptions, timeout_s: floa
 def run_worker_pool() -> WorkerPool:
     # TVM_USE_RUNTIME_LIB: the worker loads libtvm_runtime, not the compiler, as a
     # deployment or a remote GPU machine does; a library that needs more fails here.
-    return WorkerPool(1, env={"TVM_USE_RUNTIME_LIB": "1"}, warm_imports=("tvm",))
+    from runtime.threads import kernel_threads
+
+    # Kernels are timed on the threads a deployment on this host runs them on.
+    return WorkerPool(1, env={"TVM_USE_RUNTIME_LIB": "1",
+                              "TVM_NUM_THREADS": str(kernel_threads())},
+                      warm_imports=("tvm",))
 
 
 class Runner(Protocol):

@@ -116,6 +116,8 @@ def _resume(state: TaskState, records: list[Record], target: dict[str, Any]) -> 
         costs.append(r.cost)
     state.tuner.load_history(configs, costs)
     state.trials = len(configs)
+    if configs:  # early stopping counts from the best resumed trial
+        state.best_at = int(np.argmin(costs)) + 1
     return len(configs)
 
 

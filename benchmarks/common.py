@@ -8,6 +8,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import runtime  # noqa: F401 - sets TVM_NUM_THREADS (a thread per core) here and in workers
+
 RESULTS = Path(__file__).resolve().parent / "results"
 
 

@@ -2,6 +2,10 @@
 
 from .executor import Executor, PlanError, TensorSpec, unflatten_outputs
 from .package import Package, PackageError, load_package, write_package
+from .threads import configure_threads, kernel_threads
+
+# TVM reads the variable when its thread pool is first used, not at import
+configure_threads()
 
 __all__ = [
     "Executor",
@@ -9,6 +13,8 @@ __all__ = [
     "PackageError",
     "PlanError",
     "TensorSpec",
+    "configure_threads",
+    "kernel_threads",
     "load_package",
     "unflatten_outputs",
     "write_package",

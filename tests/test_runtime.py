@@ -484,3 +484,54 @@ def test_public_api():
     for name in ("Executor", "load_package", "write_package", "PackageError", "unflatten_outputs"):
         assert hasattr(runtime, name)
     assert issubclass(PackageError, RuntimeError)
+
+
+def test_one_thread_per_physical_core(monkeypatch):
+    from runtime import threads
+
+    # 4 CPUs, two SMT siblings each on cores 0 and 1 of one package: 2 cores
+    topology = {f"/sys/devices/system/cpu/cpu{c}/topology/{f}": v
+                for c, core in enumerate([0, 0, 1, 1])
+                for f, v in (("physical_package_id", "0"), ("core_id", str(core)))}
+    real_open = open
+
+    def fake_open(path, *args, **kwargs):
+        if str(path).startswith("/sys/devices/system/cpu/"):
+            import io
+
+            if path not in topology:
+                raise FileNotFoundError(path)
+            return io.StringIO(topology[path] + "\n")
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    monkeypatch.setattr("builtins.open", fake_open)
+    assert threads.physical_cores() == 2
+    monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: {0, 2})
+    assert threads.physical_cores() == 2
+    monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: {0, 1})
+    assert threads.physical_cores() == 1
+    monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: {0, 7})
+    assert threads.physical_cores() == 2  # no topology for cpu7: every CPU counts
+    for var in threads.THREAD_VARS:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert threads.kernel_threads() == 3
+    monkeypatch.setenv("TVM_NUM_THREADS", "5")
+    assert threads.kernel_threads() == 5
+
+
+def test_kernels_run_on_every_core():
+    """TVM alone would size its pool at half the logical CPUs (it assumes SMT); importing
+    the runtime sizes it at one thread per physical core."""
+    code = ("import os, tvm, runtime\n"
+            "print(tvm.get_global_func('runtime.NumThreads')(), "
+            "runtime.threads.physical_cores())")
+    env = {k: v for k, v in os.environ.items() if k not in ("TVM_NUM_THREADS", "OMP_NUM_THREADS")}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parents[1], check=True).stdout.split()
+    assert int(out[0]) == int(out[1]) >= 1
+    env["TVM_NUM_THREADS"] = "1"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parents[1], check=True).stdout.split()
+    assert int(out[0]) == 1

@@ -171,6 +171,11 @@ def make_chooser(config: ConfigArg):
     if config is None:
         return None
 
+    def as_config(value: Any, space: ConfigSpace) -> Config:
+        if isinstance(value, Config) and value.space is space:
+            return value
+        return space.from_json(dict(value))
+
     def choose(ctx: ScheduleContext, template: Template, space: ConfigSpace):
         value = config
         source = "given"
@@ -178,13 +183,17 @@ def make_chooser(config: ConfigArg):
             if ctx.workload is None:
                 return None, "fallback"
             value = value(ctx.workload)
+            if isinstance(value, list):
+                # candidates: the first whose layout this kernel has (a workload that
+                # occurs after producers of different blocks got one choice per block)
+                picked = [(as_config(v, space), s) for v, s in value]
+                return next(((c, s) for c, s in picked if template.accepts(ctx, c)),
+                            picked[0] if picked else (None, "fallback"))
             if isinstance(value, tuple):
                 value, source = value
         if value is None:
             return None, "fallback"
-        if isinstance(value, Config) and value.space is space:
-            return value, source
-        return space.from_json(dict(value)), source
+        return as_config(value, space), source
 
     return choose
 

@@ -108,8 +108,9 @@ def build(
     plan_memory_reuse: bool = True,
     config_fn=None,
 ) -> BuildResult:
-    """`config_fn(workload) -> config JSON | (config JSON, source) | None` picks each
-    anchor's schedule config (None: the template's fallback)."""
+    """`config_fn(workload) -> config JSON | (config JSON, source) | None`, or a list of
+    (config JSON, source) of which the first that fits the kernel's layout is used,
+    picks each anchor's schedule config (None: the template's fallback)."""
     start = time.perf_counter()
     param_names = param_names or {}
     tensors: list[dict] = []

@@ -21,7 +21,7 @@ from typing import Any
 
 import tvm
 
-from autotune.records import RecordDatabase, _record_files, workload_key
+from autotune.records import Choice, RecordDatabase, _record_files, workload_key
 from frontend.ir import Call
 from schedules.target import num_cores, target_to_json
 from schedules.templates_conv import CONV2D, DEPTHWISE, conv_blocks, conv_workload
@@ -39,7 +39,7 @@ class TuningContext:
         self.lanes = lanes
         self.cores = num_cores(target)
         self.digest = records_digest(records) if records else None
-        self._chosen: dict[str, Any] = {}
+        self._chosen: dict[str, list[Choice]] = {}
 
     def choose(self, workload: dict[str, Any]):
         return self.db.choose(workload, self.target_json)
@@ -61,7 +61,9 @@ class TuningContext:
             if matching is not None:
                 choice = matching
         if choice.config is not None:
-            self._chosen[workload_key(wl)] = choice
+            chosen = self._chosen.setdefault(workload_key(wl), [])
+            if choice not in chosen:
+                chosen.append(choice)
         return conv_blocks(wl, choice.config, self.lanes)
 
     def dense_block(self, call: Call, lanes: int) -> int | None:
@@ -70,8 +72,12 @@ class TuningContext:
 
     # -- schedules callback
     def config(self, workload: dict[str, Any]):
-        # The choice the layout pass made for this workload, so blocks and kernel agree.
-        choice = self._chosen.get(workload_key(workload)) or self.choose(workload)
+        # The choices the layout pass made for this workload (one per producer block),
+        # so that blocks and kernel agree: the scheduler takes the one that fits.
+        chosen = self._chosen.get(workload_key(workload))
+        if chosen:
+            return [(c.config, c.source) for c in chosen]
+        choice = self.choose(workload)
         if choice.config is None:
             return None
         return choice.config, choice.source

@@ -278,3 +278,47 @@ def test_extract_tasks_from_compiled_model():
 
     again = pickle.loads(pickle.dumps(dense))
     assert again.workload == dense.workload and len(again.space) == len(dense.space)
+
+
+class _SameConvTwice(torch.nn.Module):
+    """Two convs of one workload (16 -> 16, 3x3 on 12x12), after producers that emit
+    different channel blocks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 16, 3, padding=1)
+        self.c1 = torch.nn.Conv2d(16, 16, 3, padding=1)
+        self.c2 = torch.nn.Conv2d(16, 16, 3, padding=1)
+
+    def forward(self, x):
+        return self.c2(torch.relu(self.c1(torch.relu(self.stem(x)))))
+
+
+def test_one_workload_after_producers_of_different_blocks(tmp_path):
+    """Each kernel of a repeated workload gets the record that fits its input block."""
+    torch.manual_seed(0)
+    model = _SameConvTwice().eval()
+    x = torch.randn(1, 3, 12, 12)
+    cm = tecc.compile(model, [x])
+    target = target_to_json(cm.target)
+    stem, conv = sorted((t for t in cm.tasks() if t["template"] == "conv2d_NCHWc"),
+                        key=lambda t: t["workload"]["data"][1])
+    lines = [(stem, {"ic_bn": 3, "oc_bn": 8}, 1e-3),        # the stem emits 8-blocks
+             (conv, {"ic_bn": 8, "oc_bn": 16}, 2e-3),       # c1 reads them, emits 16
+             (conv, {"ic_bn": 16, "oc_bn": 16}, 1e-3)]      # c2 reads 16-blocks
+    path = tmp_path / "records.jsonl"
+    with open(path, "w") as f:
+        for t, blocks, cost in lines:
+            f.write(json.dumps({"version": 1, "target": target, "workload": t["workload"],
+                                "config": {**t["config"], **blocks, "tile_ow": 4},
+                                "costs_s": [cost], "error": None}) + "\n")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tuned = tecc.compile(model, [x], records=[path])
+    assert not [w for w in caught if "no tuning record" in str(w.message)]
+    blocks = sorted((a.config["ic_bn"], a.config["oc_bn"], a.source)
+                    for k in tuned.build_result.kernels.values() for a in k.templates
+                    if a.template == "conv2d_NCHWc")
+    assert blocks == [(3, 8, "exact"), (8, 16, "exact"), (16, 16, "exact")]
+    np.testing.assert_allclose(tuned(x).numpy(), model(x).detach().numpy(),
+                               rtol=1e-4, atol=1e-4)

@@ -222,8 +222,12 @@ def verify_best(states: Sequence[TaskState], builder: Builder, runner: Runner,
                                 result.error, result.timestamp, verify=session))
 
         try:
-            for _ in range(rounds):
-                runner.run(inputs, built, write)
+            for r in range(rounds):
+                # each round starts at another candidate: none is always the first run
+                # after a build, or always the last
+                order = [(i + r) % len(inputs) for i in range(len(inputs))]
+                runner.run([inputs[i] for i in order], [built[i] for i in order],
+                           lambda j, result, order=order: write(order[j], result))
                 bar.update(1)
         finally:
             for b in built:

@@ -665,10 +665,7 @@ def measure_batch(builder: Builder, runner: Runner, inputs: Sequence[MeasureInpu
 
     def record(index: int, result: MeasureResult) -> None:
         if writer is not None:
-            inp = inputs[index]
-            writer.write(Record(target_json(inp.task.target), inp.task.workload,
-                                inp.config.to_json(), list(result.costs_s), result.error,
-                                result.timestamp))
+            writer.write(record_of(inputs[index], result))
         if callback is not None:
             callback(index, result)
 
@@ -676,6 +673,17 @@ def measure_batch(builder: Builder, runner: Runner, inputs: Sequence[MeasureInpu
         return runner.run(inputs, built, record)
     finally:
         if not keep_libs:
-            for b in built:
-                if b.path is not None and os.path.exists(b.path):
-                    os.unlink(b.path)
+            remove_built(built)
+
+
+def record_of(inp: MeasureInput, result: MeasureResult, verify: str | None = None) -> Record:
+    """The tuning record of one measured candidate."""
+    return Record(target_json(inp.task.target), inp.task.workload, inp.config.to_json(),
+                  list(result.costs_s), result.error, result.timestamp, verify=verify)
+
+
+def remove_built(built: Sequence[BuildResult]) -> None:
+    """Delete the libraries of built candidates."""
+    for b in built:
+        if b.path is not None and os.path.exists(b.path):
+            os.unlink(b.path)

@@ -37,7 +37,8 @@ from autotune.measure import (
     MeasureInput,
     Runner,
     measure_batch,
-    target_json,
+    record_of,
+    remove_built,
 )
 from autotune.records import Record, RecordWriter, exact_target_key, load_records, workload_key
 from autotune.tuner import Tuner, make_tuner
@@ -208,31 +209,23 @@ def verify_best(states: Sequence[TaskState], builder: Builder, runner: Runner,
     """Measure each task's `top` best configs and its fallback again, built once and
     run in `rounds` interleaved rounds, each result a record of one session."""
     session = f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
-    live = [s for s in states if _verify_candidates(s, top)]
-    bar = tqdm(total=len(live) * rounds, disable=not progress, unit="round",
+    work = [(s, c) for s in states if (c := _verify_candidates(s, top))]
+    bar = tqdm(total=len(work) * rounds, disable=not progress, unit="round",
                desc="verifying", dynamic_ncols=True)
-    for state in live:
-        inputs = [MeasureInput(state.task, c) for c in _verify_candidates(state, top)]
+    for state, candidates in work:
+        inputs = [MeasureInput(state.task, c) for c in candidates]
         built = builder.build(inputs)
-
-        def write(index: int, result: Any, inputs: list[MeasureInput] = inputs) -> None:
-            task = inputs[index].task
-            writer.write(Record(target_json(task.target), task.workload,
-                                inputs[index].config.to_json(), list(result.costs_s),
-                                result.error, result.timestamp, verify=session))
-
         try:
             for r in range(rounds):
                 # each round starts at another candidate: none is always the first run
                 # after a build, or always the last
                 order = [(i + r) % len(inputs) for i in range(len(inputs))]
                 runner.run([inputs[i] for i in order], [built[i] for i in order],
-                           lambda j, result, order=order: write(order[j], result))
+                           lambda j, result, order=order, inputs=inputs: writer.write(
+                               record_of(inputs[order[j]], result, verify=session)))
                 bar.update(1)
         finally:
-            for b in built:
-                if b.path is not None and os.path.exists(b.path):
-                    os.unlink(b.path)
+            remove_built(built)
     bar.close()
 
 

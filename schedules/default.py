@@ -231,6 +231,13 @@ def _inline_injective(sch: Schedule) -> None:
                 pass
 
 
+def padding_producer(sch: Schedule, block):
+    """The padding block `block` reads (kept materialized by _inline_injective), or None."""
+    pads = [p for p in sch.get_producers(block)
+            if not _is_reduction(sch, p) and "pad" in _block_name(sch, p)]
+    return pads[0] if pads else None
+
+
 def _keep_materialized(sch: Schedule, block, name: str) -> bool:
     """Padding read by a conv or pool stays a buffer: inlined, it puts a bounds check
     in the innermost loop of the anchor."""
@@ -328,13 +335,13 @@ def _tile_epilogue_parallel(sch: Schedule, anchor, write_back, at, outer: Sequen
                             work: int):
     """The tail every tiled anchor nest shares: the epilogue (or write-back) computed
     under loop `at` on the finished tile, the `outer` loops fused and made parallel when
-    there is enough work. Returns the epilogue block."""
+    there is enough work. Returns the epilogue block and the fused outer loop."""
     target = _epilogue_target(sch, anchor, write_back)
     sch.reverse_compute_at(target, at, preserve_unit_loops=True)
     top = sch.fuse(*outer)
     if work >= PARALLEL_MIN_WORK:
         sch.parallel(top)
-    return target
+    return target, top
 
 
 def _require_identity_read(sch: Schedule, consumer, buffer) -> None:
@@ -408,7 +415,7 @@ def _conv2d(sch: Schedule, block, lanes: int) -> None:
     oco, oci = sch.split(oc, [None, ocb])
     owo, owi = sch.split(ow, [None, owb])
     sch.reorder(n, oco, oh, owo, ic, kh, kw, oci, owi)
-    target = _tile_epilogue_parallel(sch, block, acc, owo, [n, oco, oh], math.prod(exts))
+    target, _ = _tile_epilogue_parallel(sch, block, acc, owo, [n, oco, oh], math.prod(exts))
     sch.unroll(oci)
     if owb >= 4:  # odd widths (7, 14) become LLVM vectors with a short tail
         sch.vectorize(owi)

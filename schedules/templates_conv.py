@@ -13,6 +13,8 @@ conv2d_NCHWc: data [N, C/ic, H, W, ic] x kernel [OC/oc, IPG/ic, KH, KW, ic, oc].
     AVX2's 16 registers hold.
 depthwise_conv2d_NCHWc: data [N, C/c, H, W, c] x kernel [C/c, 1, KH, KW, 1, c]:
     parallel(n, c_chunk, oh_outer) / ow_outer / kh, kw / oh_inner / ow_inner / c.
+    Its zero padding is a knob ("pad", PAD_MODES): read through a bounds check by
+    default, since a depthwise conv is bound by memory and a padded copy doubles it.
 
 As AutoTVM did, the workload key is in NCHW terms (data NCHW shape, OIHW kernel
 shape, dtype, strides, padding, dilation, groups) and the channel blocks are knobs
@@ -30,13 +32,18 @@ from typing import Any
 
 from frontend.ir import Call
 from graph_opt.layout import default_out_block_for, in_block, out_block_candidates
-from schedules.default import _acc_budget, _tile_epilogue_parallel
+from schedules.default import _acc_budget, _tile_epilogue_parallel, padding_producer
 from schedules.default import _vectorize_tail as vectorize_tail
 from schedules.space import Config, ConfigSpace
 from schedules.template import ScheduleContext, Template, register_template
 from schedules.templates_dense import _config_from_values
 
 MAX_TILE_OW = 28  # AVX-512's accumulator budget with one vector per column
+# Where the zero padding of a padded conv is produced: "root" (the whole padded
+# input, once, before the conv), "rows" (the rows one parallel task reads, under that
+# task's loop: in cache when the conv reads them), "inline" (no buffer; a bounds check
+# on each read).
+PAD_MODES = ["root", "rows", "inline"]
 
 
 def _pad4(padding: Any) -> list[int]:
@@ -177,6 +184,8 @@ class DepthwiseNCHWcTemplate(_ConvBase):
         space.define_choice("tile_ow", ow_tiles(d["ow"]))
         space.define_choice("tile_oh", [1, 2] if d["oh"] % 2 == 0 else [1])
         space.define_bool("unroll_kw")
+        if any(wl["padding"]):
+            space.define_choice("pad", PAD_MODES)
         return space
 
     def define_space(self, ctx: ScheduleContext) -> ConfigSpace:
@@ -187,8 +196,13 @@ class DepthwiseNCHWcTemplate(_ConvBase):
         d = conv_dims(wl)
         if block is None:
             block = default_out_block_for(d["c"], lanes) or lanes
-        return {"c_bn": block, "tile_ow": default_ow_tile(d["ow"], block, lanes),
-                "tile_oh": 1, "unroll_kw": d["kw"] <= 7}
+        values = {"c_bn": block, "tile_ow": default_ow_tile(d["ow"], block, lanes),
+                  "tile_oh": 1, "unroll_kw": d["kw"] <= 7}
+        if any(wl["padding"]):
+            # nine loads per output vector: the bounds check is cheaper than a second
+            # pass over memory (3-4x on MobileNetV2's stride-2 layers)
+            values["pad"] = "inline"
+        return values
 
     def _block(self, ctx: ScheduleContext) -> int:
         return int(ctx.sch.get(ctx.block).writes[0].source.shape[-1])
@@ -220,6 +234,10 @@ def _register_tile(ctx: ScheduleContext, config: Config, n, c_outer, oh, ow, c_b
     exts = ctx.loop_extents()
     if any(e is None for e in exts):
         raise ValueError("symbolic extents")
+    pad = padding_producer(sch, block)
+    pad_mode = config["pad"] if "pad" in config else "root"
+    if pad is not None and pad_mode == "inline":
+        sch.compute_inline(pad)
     owb, ohb = config["tile_ow"], config["tile_oh"]
     if exts[2] % ohb:
         raise ValueError("tile_oh must divide the output height")
@@ -227,7 +245,11 @@ def _register_tile(ctx: ScheduleContext, config: Config, n, c_outer, oh, ow, c_b
     owo, owi = sch.split(ow, [None, owb])
     oho, ohi = sch.split(oh, [None, ohb])
     sch.reorder(n, c_outer, oho, owo, *reduction, *inner, ohi, owi, c_block)
-    target = _tile_epilogue_parallel(sch, block, acc, owo, [n, c_outer, oho], math.prod(exts))
+    target, top = _tile_epilogue_parallel(sch, block, acc, owo, [n, c_outer, oho],
+                                          math.prod(exts))
+    if pad is not None and pad_mode == "rows":
+        sch.compute_at(pad, top, preserve_unit_loops=True)
+        vectorize_tail(sch, pad, ctx.lanes)
     if exts[3] % owb:
         # the bounds check of the tail tile would sit on every FMA of every tile
         sch.annotate(owo, "pragma_loop_partition_hint", 1)

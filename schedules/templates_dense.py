@@ -231,7 +231,7 @@ class DenseLikeTemplate(Template):
         else:
             sch.reorder(*batch, moo, noo, ko, mti, nti, ki, *kinner, mii, ni)
             at = noo
-        target = _tile_epilogue_parallel(sch, block, acc, at, [*batch, moo, noo],
+        target, _ = _tile_epilogue_parallel(sch, block, acc, at, [*batch, moo, noo],
                                          batch_ext * m_ext * n_ext * k_ext)
         for lp in kinner:
             sch.unroll(lp)

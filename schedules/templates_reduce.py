@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import tvm
 from tvm.s_tir.schedule import Schedule
 
+from schedules.default import padding_producer
 from schedules.space import Config, ConfigSpace
 from schedules.target import num_cores, vector_lanes
 from schedules.template import ScheduleContext, Template, register_template
@@ -492,16 +493,10 @@ for _kind in ("reduce", "variance", "softmax", "log_softmax", "layer_norm"):
 # ---------------------------------------------------------------- pools
 
 
-def _pool_pad(sch: Schedule, block):
-    pads = [p for p in sch.get_producers(block)
-            if not _is_reduction(sch, p) and "pad" in _name(sch, p)]
-    return pads[0] if pads else None
-
-
 def _is_global_pool(sch: Schedule, block) -> bool:
     loops = sch.get_loops(block)
     exts = _extents(sch, loops)
-    return exts[2] == 1 and exts[3] == 1 and _pool_pad(sch, block) is None
+    return exts[2] == 1 and exts[3] == 1 and padding_producer(sch, block) is None
 
 
 class PoolTemplate(Template):
@@ -536,7 +531,7 @@ class PoolTemplate(Template):
         space.define_split("ow_split", ow, num_outputs=2, max_factor=limit)
         space.define_choice("parallel", [0, 2, 3])
         space.define_bool("unroll_window")
-        if _pool_pad(sch, block) is not None:
+        if padding_producer(sch, block) is not None:
             space.define_choice("pad", ["root", "inline", "compute_at"])
         return space
 
@@ -569,7 +564,7 @@ class PoolTemplate(Template):
         if _is_global_pool(sch, block):
             self._rows.apply(ctx, config)
             return
-        pad = _pool_pad(sch, block)
+        pad = padding_producer(sch, block)
         pad_mode = config["pad"] if "pad" in config else "root"
         if pad is not None and pad_mode == "inline":
             sch.compute_inline(pad)

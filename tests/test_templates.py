@@ -125,6 +125,29 @@ def test_conv_column_tiles_need_not_divide_the_width(name):
     assert checks and all(c.endswith(f"< {tail}:") for c in checks), checks
 
 
+@pytest.mark.parametrize("name", ["dw_a", "dw_b", "dw_c"])
+def test_depthwise_padding_modes(name):
+    """Each place the zero padding can be produced computes the conv (stride 1 and 2,
+    batch 2, a 5x5 window); "rows" produces it under the parallel task's loop and
+    "inline" leaves no padded buffer at all."""
+    task = _task(name)
+    fallback = task.fallback_config().to_json()
+    assert fallback["pad"] == "inline"
+    modes = next(k for k in task.space.knobs if k.name == "pad").options
+    prims = _check_configs(task, [task.space.from_json({**fallback, "pad": m}) for m in modes])
+    scripts = {m: prims[f"k{i}"].script() for i, m in enumerate(modes)}
+    assert "conv_pad = T.sblock_alloc_buffer" in scripts["root"]
+    assert "conv_pad" not in scripts["inline"]
+
+    def top_loops(script: str) -> int:
+        return sum(line.startswith("    for ") for line in script.splitlines())
+
+    # root: a loop nest of its own before the conv's; rows: inside the conv's nest
+    assert top_loops(scripts["root"]) == 2
+    assert top_loops(scripts["rows"]) == top_loops(scripts["inline"]) == 1
+    assert 'T.sblock("conv_pad")' in scripts["rows"]
+
+
 @pytest.mark.parametrize("name", ["dense_c", "matmul_a", "bmm_nt", "conv_a", "conv_c",
                                   "dw_a", "dw_c"])
 def test_every_config_schedules(name):

@@ -279,7 +279,8 @@ def _conv2d_nchwc_rel(types: list[Type], attrs: Attrs) -> Type:
     """data [N, C/ic, H, W, ic]; kernel [OC/oc, IPG/ic, KH, KW, ic, oc] (IPG: input
     channels per group; groups=1 is topi's conv2d_NCHWc layout) or, depthwise
     (groups == C == OC, ic == oc), [C/c, 1, KH, KW, 1, c] as topi's
-    depthwise_conv2d_NCHWc. Output [N, OC/oc, OH, OW, oc]."""
+    depthwise_conv2d_NCHWc; or, with attribute winograd_tile, a Winograd kernel (see
+    winograd_tile). Output [N, OC/oc, OH, OW, oc]."""
     data, kernel = _arity(types, 2)
     n, c, h, w = _spatial_nchw(data, attrs["data_layout"], "conv2d_NCHWc")
     ic = data.shape[4]
@@ -290,7 +291,15 @@ def _conv2d_nchwc_rel(types: list[Type], attrs: Attrs) -> Type:
     occ, ipc, kh, kw, kic, _ = kernel.shape
     groups = attrs["groups"]
     out_channels = occ * oc
-    if is_depthwise_nchwc(data.shape, kernel.shape, groups):
+    tile = winograd_tile(attrs)
+    if tile:
+        alpha, _, occ, ipc, kic, _ = kernel.shape
+        kh = kw = alpha - tile + 1
+        out_channels = occ * oc
+        if kic != ic or c != ipc * ic or groups != 1 or kernel.shape[1] != alpha:
+            raise IRTypeError(f"conv2d_NCHWc: data {data.shape} and Winograd kernel "
+                              f"{kernel.shape} do not match")
+    elif is_depthwise_nchwc(data.shape, kernel.shape, groups):
         pass
     elif kic != ic or c != ipc * ic * groups or out_channels % groups or (
             groups > 1 and (out_channels // groups) % oc):
@@ -304,6 +313,13 @@ def _conv2d_nchwc_rel(types: list[Type], attrs: Attrs) -> Type:
     if oh <= 0 or ow <= 0:
         raise IRTypeError(f"conv2d_NCHWc output would be empty for input {data.shape}")
     return TensorType((n, occ, oh, ow, oc), data.dtype)
+
+
+def winograd_tile(attrs: Attrs) -> int:
+    """The output tile m of a conv2d_NCHWc computed by Winograd's F(m x m, 3 x 3),
+    whose kernel is then pre-transformed, [alpha, alpha, OC/oc, C/ic, ic, oc] with
+    alpha = m + 2; 0 for the direct algorithm."""
+    return int(attrs.get("winograd_tile", 0))
 
 
 def is_depthwise_nchwc(data_shape: Sequence[int], kernel_shape: Sequence[int],
@@ -451,7 +467,7 @@ register_op("nn.conv2d", _conv2d_rel, Pattern.OUT_ELEMWISE_FUSABLE, 2,
             {"strides": (1, 1), "padding": (0, 0, 0, 0), "dilation": (1, 1), "groups": 1})
 register_op("nn.conv2d_NCHWc", _conv2d_nchwc_rel, Pattern.OUT_ELEMWISE_FUSABLE, 2,
             {"strides": (1, 1), "padding": (0, 0, 0, 0), "dilation": (1, 1), "groups": 1,
-             "data_layout": _REQUIRED, "out_layout": _REQUIRED},
+             "data_layout": _REQUIRED, "out_layout": _REQUIRED, "winograd_tile": 0},
             doc="conv2d on channel-blocked data with a kernel packed at compile time")
 register_op("nn.bias_add", _bias_add_rel, Pattern.BROADCAST, 2, {"axis": 1})
 register_op("nn.dense", _dense_rel, Pattern.OUT_ELEMWISE_FUSABLE, 2,

@@ -17,7 +17,14 @@ from tvm import te, topi
 from tvm.tirx import const
 
 from frontend.ir import Attrs, TensorType, TupleType, Type
-from frontend.ops import is_depthwise_nchwc, nchwc_block, normalize_axis, reduce_axes
+from frontend.ops import (
+    is_depthwise_nchwc,
+    nchwc_block,
+    normalize_axis,
+    reduce_axes,
+    winograd_tile,
+)
+from graph_opt.layout import WINOGRAD_MATRICES
 
 Compute = Callable[[list[te.Tensor], Attrs, Type], "te.Tensor | list[te.Tensor]"]
 _COMPUTES: dict[str, Compute] = {}
@@ -546,6 +553,9 @@ def _conv2d_nchwc(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Ten
     sh, sw = attrs["strides"]
     dh, dw = attrs["dilation"]
     depthwise = is_depthwise_nchwc(_shape(data), _shape(kernel), groups)
+    tile = winograd_tile(attrs)
+    if tile:
+        return _winograd_nchwc(data, kernel, (pt, pl), tile, out)
     if pt or pl or pb or pr:
         data = _spatial_pad(data, [pt, pl], [pb, pr], "conv_pad")
     rkh = te.reduce_axis((0, kh), name="rkh")
@@ -568,6 +578,69 @@ def _conv2d_nchwc(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Ten
                       * kernel[o, ricc, rkh, rkw, ric, ob].astype(d), axis=[ricc, rkh, rkw, ric])
 
     return te.compute(out.shape, body, name="conv2d_NCHWc", attrs={ANCHOR_ATTR: "conv2d_NCHWc"})
+
+
+def _winograd_nchwc(data: te.Tensor, kernel: te.Tensor, pad_before: tuple[int, int],
+                    tile: int, out: te.Tensor) -> te.Tensor:
+    """Winograd F(m x m, 3 x 3) on NCHW{c}c data with the kernel transformed at compile
+    time (graph_opt.layout.pack_winograd_weight), in five blocks over P = N x tile rows
+    x tile columns (an m x m output tile each):
+      winograd_input_rows [P, C/ic, alpha, alpha, ic]  d B, one input tile at a time
+      winograd_input      [alpha, alpha, P, C/ic, ic]  B^T d B
+      winograd_gemm       [alpha, alpha, P, OC/oc, oc] alpha^2 GEMMs over C (the anchor)
+      winograd_output_rows, winograd_output [P, OC/oc, m, m, oc]  A^T M A
+    then the output, [N, OC/oc, OH, OW, oc], gathered from the tiles. The transforms
+    are separable: two passes of alpha-point sums instead of alpha^2-point ones."""
+    from tvm.topi.nn.winograd_util import const_matrix
+
+    a_np, b_np, _ = WINOGRAD_MATRICES[tile]
+    alpha = tile + 2
+    n, _, h, w, _ = _shape(data)
+    _, _, occ, icc, ic, oc = _shape(kernel)
+    _, _, oh, ow, _ = _shape(out)
+    th, tw = -(-oh // tile), -(-ow // tile)
+    pt, pl = pad_before
+    # zeros around the input, as far as the last (partly outside) tile reaches
+    data = _spatial_pad(data, [pt, pl], [th * tile + 2 - h - pt, tw * tile + 2 - w - pl],
+                        "conv_pad")
+    d = out.dtype
+    mat_a = const_matrix(a_np.astype(d), "winograd_A")
+    mat_b = const_matrix(b_np.astype(d), "winograd_B")
+    ra = te.reduce_axis((0, alpha), name="ra")
+    rb = te.reduce_axis((0, alpha), name="rb")
+
+    def input_rows(p, c, a, nu, cb):
+        img, y, x = p // (th * tw), p % (th * tw) // tw, p % tw
+        return te.sum(data[img, c, y * tile + a, x * tile + rb, cb].astype(d) * mat_b[rb, nu],
+                      axis=rb)
+
+    rows = te.compute((n * th * tw, icc, alpha, alpha, ic), input_rows,
+                      name="winograd_input_rows")
+    v = te.compute((alpha, alpha, n * th * tw, icc, ic),
+                   lambda e, nu, p, c, cb: te.sum(mat_b[ra, e] * rows[p, c, ra, nu, cb], axis=ra),
+                   name="winograd_input")
+    rcc = te.reduce_axis((0, icc), name="rcc")
+    rc = te.reduce_axis((0, ic), name="rc")
+    gemm = te.compute(
+        (alpha, alpha, n * th * tw, occ, oc),
+        lambda e, nu, p, o, ob: te.sum(v[e, nu, p, rcc, rc] * kernel[e, nu, o, rcc, rc, ob]
+                                       .astype(d), axis=[rcc, rc]),
+        name="winograd_gemm", attrs={ANCHOR_ATTR: "conv2d_winograd_NCHWc"})
+    sa = te.reduce_axis((0, alpha), name="sa")
+    sb = te.reduce_axis((0, alpha), name="sb")
+    out_rows = te.compute(
+        (n * th * tw, occ, alpha, tile, oc),
+        lambda p, o, a, x, ob: te.sum(gemm[a, sb, p, o, ob] * mat_a[sb, x], axis=sb),
+        name="winograd_output_rows")
+    tiles = te.compute(
+        (n * th * tw, occ, tile, tile, oc),
+        lambda p, o, y, x, ob: te.sum(mat_a[sa, y] * out_rows[p, o, sa, x, ob], axis=sa),
+        name="winograd_output")
+    return te.compute(
+        out.shape,
+        lambda b, o, y, x, ob: tiles[b * th * tw + y // tile * tw + x // tile, o, y % tile,
+                                     x % tile, ob],
+        name="winograd_gather")
 
 
 def _softmax_parts(x: te.Tensor, axis: int, anchor: str):

@@ -32,14 +32,20 @@ from tvm.s_tir.schedule import Schedule
 from frontend.ir import Call, Function, TensorType, Var, post_order
 from graph_opt.dense_pack import pack_dense_weight
 from graph_opt.evaluate import evaluate_call
-from graph_opt.layout import layout_name, pack_conv_weight, pack_depthwise_weight, to_nchwc
+from graph_opt.layout import (
+    layout_name,
+    pack_conv_weight,
+    pack_depthwise_weight,
+    pack_winograd_weight,
+    to_nchwc,
+)
 from schedules.default import _inline_injective
 from schedules.lower import anchor_workloads, build_te, lower_primitive
 from schedules.space import Config, ConfigSpace
 from schedules.target import num_cores, target_to_json, vector_lanes
 from schedules.template import ScheduleContext, Template, load_templates
 
-CONV_TEMPLATES = ("conv2d_NCHWc", "depthwise_conv2d_NCHWc")
+CONV_TEMPLATES = ("conv2d_NCHWc", "depthwise_conv2d_NCHWc", "conv2d_winograd_NCHWc")
 
 
 def workload_json(workload: dict[str, Any]) -> str:
@@ -113,13 +119,13 @@ class Task:
         wl = self.workload
         lanes = vector_lanes(self.tvm_target)
         if self.template in CONV_TEMPLATES:
-            from schedules.templates_conv import CONV2D, DEPTHWISE, conv_blocks
+            from schedules.templates_conv import conv_blocks
 
-            tmpl = DEPTHWISE if self.template == DEPTHWISE.name else CONV2D
+            tmpl = self.template_obj
             blocks = conv_blocks(wl, dict(config), lanes) if config is not None else None
             if blocks is None:
                 values = tmpl.fallback_values(wl, lanes)
-                blocks = ((values["c_bn"],) * 2 if tmpl is DEPTHWISE
+                blocks = ((values["c_bn"],) * 2 if "c_bn" in values
                           else (values["ic_bn"], values["oc_bn"]))
             return _conv_nchwc_func(call, wl, blocks)
         if self.kind == "dense_pack":
@@ -197,6 +203,8 @@ class Task:
         oc = call.ty.shape[4]
         if self.template == "depthwise_conv2d_NCHWc":
             weight = pack_depthwise_weight(inputs[1], oc)
+        elif "winograd_tile" in self.workload:
+            weight = pack_winograd_weight(inputs[1], ic, oc, self.workload["winograd_tile"])
         else:
             weight = pack_conv_weight(inputs[1], ic, oc)
         new_inputs = [to_nchwc(inputs[0], ic), weight]
@@ -215,13 +223,17 @@ def _conv_nchwc_func(call: Call, wl: dict[str, Any], blocks: tuple[int, int]) ->
     dtype = wl["dtype"]
     depthwise = wl["template"] == "depthwise_conv2d_NCHWc"
     data = Var("data", TensorType((n, c // ic, h, w, ic), dtype))
+    tile = wl.get("winograd_tile", 0)
     if depthwise:
         kshape = (c // oc, 1, kh, kw, 1, oc)
+    elif tile:
+        alpha = tile + kh - 1
+        kshape = (alpha, alpha, o // oc, ipg // ic, ic, oc)
     else:
         kshape = (o // oc, ipg // ic, kh, kw, ic, oc)
     kernel = Var("kernel", TensorType(kshape, dtype))
     attrs = dict(call.attrs)
-    attrs.update(data_layout=layout_name(ic), out_layout=layout_name(oc))
+    attrs.update(data_layout=layout_name(ic), out_layout=layout_name(oc), winograd_tile=tile)
     return Function([data, kernel], Call("nn.conv2d_NCHWc", [data, kernel], attrs))
 
 
@@ -229,7 +241,7 @@ def _canonical_anchor(call: Call, template: str, workload: dict[str, Any]) -> Fu
     """The anchor alone, inputs as Vars, in canonical layout (NCHW conv, W[N, K])."""
     if template in CONV_TEMPLATES:
         attrs = {k: v for k, v in dict(call.attrs).items()
-                 if k not in ("data_layout", "out_layout")}
+                 if k not in ("data_layout", "out_layout", "winograd_tile")}
         data = Var("data", TensorType(tuple(workload["data"]), workload["dtype"]))
         weight = Var("weight", TensorType(tuple(workload["kernel"]), workload["dtype"]))
         return Function([data, weight], Call("nn.conv2d", [data, weight], attrs))

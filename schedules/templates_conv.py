@@ -31,6 +31,7 @@ import math
 from typing import Any
 
 from frontend.ir import Call
+from frontend.ops import winograd_tile
 from graph_opt.layout import default_out_block_for, in_block, out_block_candidates
 from schedules.default import _acc_budget, _tile_epilogue_parallel, padding_producer
 from schedules.default import _vectorize_tail as vectorize_tail
@@ -51,17 +52,24 @@ def _pad4(padding: Any) -> list[int]:
     return [p[0], p[1], p[0], p[1]] if len(p) == 2 else p
 
 
-def conv_workload(name: str, call: Call) -> dict[str, Any]:
-    """NCHW-terms workload of an nn.conv2d (NCHW) or nn.conv2d_NCHWc call."""
+def conv_workload(name: str, call: Call, tile: int | None = None) -> dict[str, Any]:
+    """NCHW-terms workload of an nn.conv2d (NCHW) or nn.conv2d_NCHWc call; a Winograd
+    conv2d_NCHWc (or an NCHW conv given its Winograd `tile`) adds "winograd_tile"."""
     data, kernel = call.args
     if call.op == "nn.conv2d_NCHWc":
         n, cc, h, w, ic = data.shape
-        occ, ipc, kh, kw, kic, oc = kernel.shape
+        tile = winograd_tile(call.attrs)
+        if tile:
+            alpha, _, occ, ipc, kic, oc = kernel.shape
+            kh = kw = alpha - tile + 1
+        else:
+            occ, ipc, kh, kw, kic, oc = kernel.shape
         data_shape = [n, cc * ic, h, w]
         kernel_shape = [occ * oc, ipc * kic, kh, kw]
     else:
         data_shape, kernel_shape = list(data.shape), list(kernel.shape)
     attrs = call.attrs
+    extra = {"winograd_tile": tile} if tile else {}
     return {
         "template": name,
         "data": [int(d) for d in data_shape],
@@ -71,6 +79,7 @@ def conv_workload(name: str, call: Call) -> dict[str, Any]:
         "padding": _pad4(attrs["padding"]),
         "dilation": [int(d) for d in attrs["dilation"]],
         "groups": int(attrs["groups"]),
+        **extra,
     }
 
 
@@ -264,8 +273,99 @@ def _register_tile(ctx: ScheduleContext, config: Config, n, c_outer, oh, ow, c_b
     vectorize_tail(sch, init, ctx.lanes)
 
 
+class WinogradNCHWcTemplate(Conv2dNCHWcTemplate):
+    """conv2d_NCHWc by Winograd's F(m x m, 3 x 3) (schedules/computes.py). The anchor is
+    the alpha^2 GEMMs: parallel(alpha, alpha, oc_chunk) / tile rows / C (reduction) /
+    tile_p rows (unrolled) / oc (vectorized), tile_p x oc_bn / lanes accumulators in
+    registers. The input transform runs before it, a parallel task per (tile, input
+    chunk) with its d B rows in cache; the output transform after it, per (tile,
+    output chunk); both unrolled over the transform's points and vectorized."""
+
+    name = "conv2d_winograd_NCHWc"
+
+    def space_for(self, wl: dict[str, Any], lanes: int) -> ConfigSpace:
+        d = conv_dims(wl)
+        space = ConfigSpace()
+        space.define_choice("ic_bn", block_options(d["ipg"], lanes) or [in_block(d["ipg"], lanes)])
+        oc_opts = block_options(d["opg"], lanes)
+        if not oc_opts:
+            raise ValueError(f"{d['opg']} output channels have no vector block")
+        space.define_choice("oc_bn", oc_opts)
+        space.define_choice("tile_p", list(range(1, 9)))
+        space.define_choice("input_order", ["tile_chunk", "chunk_tile"])
+        return space
+
+    def fallback_values(self, wl: dict[str, Any], lanes: int,
+                        blocks: tuple[int, int] | None = None) -> dict[str, Any]:
+        d = conv_dims(wl)
+        if blocks is None:
+            blocks = (in_block(d["ipg"], lanes), default_out_block_for(d["opg"], lanes) or lanes)
+        ic_bn, oc_bn = blocks
+        vecs = max(1, -(-oc_bn // lanes))
+        tile_p = max(1, min(8, _acc_budget(lanes, vecs) // vecs))
+        return {"ic_bn": ic_bn, "oc_bn": oc_bn, "tile_p": tile_p, "input_order": "tile_chunk"}
+
+    def apply(self, ctx: ScheduleContext, config: Config) -> None:
+        sch, gemm = ctx.sch, ctx.block
+        if not self.accepts(ctx, config):
+            raise ValueError("config blocks differ from the kernel's layout")
+        inp = _block_named(sch, sch.get_producers(gemm), "winograd_input")
+        rows = _block_named(sch, sch.get_producers(inp), "winograd_input_rows")
+        out = _block_named(sch, sch.get_consumers(gemm), "winograd_output_rows")
+        tiles = _block_named(sch, sch.get_consumers(out), "winograd_output")
+        _transform(sch, inp, rows, True, config["input_order"] == "chunk_tile")
+        _transform(sch, tiles, out, False, False)
+        # the GEMMs
+        e, nu, p, o, ob, rcc, rc = sch.get_loops(gemm)
+        p_out, p_in = sch.split(p, [None, config["tile_p"]])
+        acc = sch.cache_write(gemm, 0, "local")
+        sch.reorder(e, nu, o, p_out, rcc, rc, p_in, ob)
+        sch.reverse_compute_at(acc, p_out, preserve_unit_loops=True)
+        sch.parallel(sch.fuse(e, nu, o))
+        sch.unroll(p_in)
+        sch.vectorize(ob)
+        init = sch.decompose_reduction(gemm, rcc)
+        vectorize_tail(sch, init, ctx.lanes)
+        vectorize_tail(sch, acc, ctx.lanes)
+
+
+def _block_named(sch, blocks, name: str):
+    for b in blocks:
+        if sch.get(b).name_hint == name:
+            return b
+    raise ValueError(f"no {name} block next to the Winograd GEMM")
+
+
+def _transform(sch, second, first, points_first: bool, chunk_outer: bool) -> None:
+    """One Winograd transform: `second` (the second pass, loops (pt0, pt1, tile, chunk,
+    block, reduction) if `points_first`, else (tile, chunk, pt0, pt1, block,
+    reduction)) made parallel over (tile, chunk), `first` computed under it; both
+    unrolled over the points, the channel block vectorized."""
+    loops = sch.get_loops(second)
+    if points_first:
+        pt0, pt1, tile, chunk, block, red = loops
+    else:
+        tile, chunk, pt0, pt1, block, red = loops
+    outer = [chunk, tile] if chunk_outer else [tile, chunk]
+    sch.reorder(*outer, pt0, pt1, red, block)
+    top = sch.fuse(*outer)
+    sch.parallel(top)
+    sch.compute_at(first, top, preserve_unit_loops=True)
+    first_loops = sch.get_loops(first)
+    # first's loops under top: (tile, chunk, a, point, block, reduction)
+    *_, fa, fpt, fblock, fred = first_loops
+    sch.reorder(fa, fpt, fred, fblock)
+    for lp in (fa, fpt, fred):
+        sch.unroll(lp)
+    sch.vectorize(fblock)
+    for lp in (pt0, pt1, red):
+        sch.unroll(lp)
+    sch.vectorize(block)
+
+
 CONV2D = register_template(Conv2dNCHWcTemplate())
 DEPTHWISE = register_template(DepthwiseNCHWcTemplate())
+WINOGRAD = register_template(WinogradNCHWcTemplate())
 
 
 def conv_blocks(workload: dict[str, Any], config: dict[str, Any] | None, lanes: int

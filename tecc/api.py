@@ -129,7 +129,8 @@ def _graph(model: Any, example_inputs: Sequence[Any] | None, target: str, opt_le
     func = imported.func.with_attrs(cpu_vector_lanes=lanes)
     tuning = TuningContext(records, tvm_target, lanes)
     overrides = {
-        "convert_layout_nchwc": make_convert_layout(conv_blocks_fn=tuning.conv_blocks),
+        "convert_layout_nchwc": make_convert_layout(conv_blocks_fn=tuning.conv_blocks,
+                                                    winograd_fn=tuning.winograd_tile),
         "pack_dense_weights": make_pack_dense(nb_fn=tuning.dense_block),
     }
     optimized = optimize(func, opt_level, print_after, trace, overrides)

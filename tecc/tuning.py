@@ -3,8 +3,9 @@
 The driver (tecc/api.py) makes one TuningContext per compile. It answers three
 callbacks with the record database (autotune.records: exact target > compatible
 target > the template's fallback):
-  - conv_blocks(conv call, producer block) for graph_opt's layout pass: the channel
-    blocks (ic_bn, oc_bn) of the layer's tuned config, or None (default choice);
+  - winograd_tile(conv call, lanes) and conv_blocks(conv call, producer block, tile)
+    for graph_opt's layout pass: Winograd or direct, and the channel blocks (ic_bn,
+    oc_bn) of the layer's tuned config, or None (default choice);
   - dense_block(dense call, lanes) for graph_opt's pack_dense_weights: the packing
     block (tile_n) of the tuned config, else the dense template's fallback;
   - config(workload) for schedules.lower: the tuned config JSON and its source.
@@ -23,8 +24,9 @@ import tvm
 
 from autotune.records import Choice, RecordDatabase, _record_files, workload_key
 from frontend.ir import Call
+from graph_opt.layout import WINOGRAD_DEFAULT_TILE, default_winograd_tile, winograd_eligible
 from schedules.target import num_cores, target_to_json
-from schedules.templates_conv import CONV2D, DEPTHWISE, conv_blocks, conv_workload
+from schedules.templates_conv import CONV2D, DEPTHWISE, WINOGRAD, conv_blocks, conv_workload
 from schedules.templates_dense import DENSE, dense_pack_block
 
 RecordsArg = str | os.PathLike | Sequence[str | os.PathLike] | None
@@ -45,11 +47,26 @@ class TuningContext:
         return self.db.choose(workload, self.target_json)
 
     # -- graph_opt callbacks
-    def conv_blocks(self, call: Call, producer_block: int | None) -> tuple[int, int] | None:
+    def winograd_tile(self, call: Call, lanes: int) -> int:
+        """Winograd or the direct conv for a 3x3 layer: the faster by its tuning records
+        when both have some, Winograd when only it has, else the default rule."""
+        default = default_winograd_tile(call, lanes)
+        if not winograd_eligible(call) or lanes <= 0:
+            return 0
+        tile = default or WINOGRAD_DEFAULT_TILE
+        wino = self.choose(conv_workload(WINOGRAD.name, call, tile))
+        if wino.cost_s is None:
+            return default
+        direct = self.choose(conv_workload(CONV2D.name, call))
+        return tile if direct.cost_s is None or wino.cost_s < direct.cost_s else 0
+
+    def conv_blocks(self, call: Call, producer_block: int | None,
+                    tile: int = 0) -> tuple[int, int] | None:
         data = call.args[0]
         groups = call.attrs["groups"]
         depthwise = groups > 1 and groups == data.shape[1] == call.shape[1]
-        wl = conv_workload((DEPTHWISE if depthwise else CONV2D).name, call)
+        template = WINOGRAD if tile else DEPTHWISE if depthwise else CONV2D
+        wl = conv_workload(template.name, call, tile)
         choice = self.choose(wl)
         if choice.config is not None and producer_block is not None:
             # Prefer the best measured config that reads the producer's block as is:

@@ -14,7 +14,9 @@ from frontend.ops import get_op
 from graph_opt.fuse_ops import fuse_ops
 from graph_opt.layout import (
     LANES_ATTR,
+    WINOGRAD_MATRICES,
     convert_layout,
+    default_winograd_tile,
     layout_transform_numpy,
     make_convert_layout,
     pack_conv_weight,
@@ -75,7 +77,7 @@ def residual_net(cin: int = 16) -> Function:
 
 def test_residual_net_has_only_the_needed_transforms():
     func = residual_net()
-    new = convert_layout(func)
+    new = convert_layout(func, winograd_fn=lambda conv, lanes: 0)  # direct convs
     transforms = calls(new, "layout_transform")
     # one into the blocked layout at the input, one back before the flatten
     assert [(t.attrs["src_layout"], t.attrs["dst_layout"]) for t in transforms] == [
@@ -203,6 +205,60 @@ def test_layout_transform_op_and_numpy_agree():
     np.testing.assert_array_equal(run(Function([x], back), [xv]), xv)
     with pytest.raises(Exception, match="divisible"):
         Call("layout_transform", [x], {"src_layout": "NCHW", "dst_layout": "NCHW16c"})
+
+
+# ---------------------------------------------------------------- Winograd
+
+
+@pytest.mark.parametrize("tile", [2, 4])
+def test_winograd_matrices_compute_the_3x3_correlation(tile):
+    a, b, g = WINOGRAD_MATRICES[tile]
+    rng = np.random.default_rng(tile)
+    d, k = rng.standard_normal((tile + 2, tile + 2)), rng.standard_normal((3, 3))
+    y = a.T @ ((g @ k @ g.T) * (b.T @ d @ b)) @ a
+    want = [[np.sum(d[i:i + 3, j:j + 3] * k) for j in range(tile)] for i in range(tile)]
+    np.testing.assert_allclose(y, want, rtol=1e-12, atol=1e-12)
+
+
+def test_which_convs_use_winograd():
+    x = Var("x", TensorType((1, 16, 8, 8), "float32"))
+    assert default_winograd_tile(conv(x, 32, 1), 8) == 4
+    assert default_winograd_tile(conv(x, 32, 1), 0) == 0  # no vectors: no blocked layout
+    assert default_winograd_tile(conv(x, 32, 1, stride=2), 8) == 0
+    assert default_winograd_tile(conv(x, 32, 1, k=5), 8) == 0
+    assert default_winograd_tile(conv(x, 16, 1, groups=16), 8) == 0
+    rgb = Var("rgb", TensorType((1, 3, 8, 8), "float32"))
+    assert default_winograd_tile(conv(rgb, 32, 1), 8) == 0  # 3 input channels
+    tiny = Var("tiny", TensorType((1, 16, 3, 3), "float32"))
+    assert default_winograd_tile(conv(tiny, 32, 1), 8) == 0  # no full 4x4 output tile
+
+
+class _WinogradNet(torch.nn.Module):
+    """3x3 convs: padded, unpadded, a residual add and bias/relu epilogues."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = torch.nn.Conv2d(16, 32, 3, padding=1)
+        self.c2 = torch.nn.Conv2d(32, 32, 3, padding=1)
+        self.c3 = torch.nn.Conv2d(32, 24, 3, bias=False)
+
+    def forward(self, x):
+        y = torch.relu(self.c1(x))
+        return self.c3(torch.relu(self.c2(y) + y))
+
+
+def test_winograd_convs_match_eager():
+    torch.manual_seed(0)
+    model = _WinogradNet().eval()
+    x = torch.randn(2, 16, 10, 9)  # 10 x 9: the last tiles reach past the border
+    func, ex = _compile_with_layout(model, (x,))
+    convs = calls(func, "nn.conv2d_NCHWc")
+    assert [c.attrs["winograd_tile"] for c in convs] == [4, 4, 4]
+    assert all(c.args[1].shape[:2] == (6, 6) for c in convs)  # G g G^T, at compile time
+    fresh = torch.randn(2, 16, 10, 9, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        want = model(fresh).numpy()
+    np.testing.assert_allclose(ex.run_flat(fresh.numpy())[0], want, rtol=1e-4, atol=1e-4)
 
 
 # ---------------------------------------------------------------- real models

@@ -45,6 +45,11 @@ def _conv(c: int, hw: int, o: int, k: int, s: int, p: int, n: int = 1, dw: bool 
             "strides": [s, s], "padding": [p, p, p, p], "dilation": [1, 1], "groups": g}
 
 
+def _wino(c: int, h: int, o: int, p: int, n: int = 1, w: int | None = None) -> dict:
+    return {**_conv(c, h, o, 3, 1, p, n=n, w=w), "template": "conv2d_winograd_NCHWc",
+            "winograd_tile": 4}
+
+
 WORKLOADS = {
     "dense_a": _mm("dense", [33, 40], [48, 40]),
     "dense_b": _mm("dense", [1, 64], [10, 64]),
@@ -62,6 +67,9 @@ WORKLOADS = {
     "dw_a": _conv(24, 9, 24, 3, 1, 1, n=2, dw=True),
     "dw_b": _conv(32, 14, 32, 3, 2, 1, dw=True),
     "dw_c": _conv(16, 11, 16, 5, 1, 2, dw=True, w=7),
+    # Winograd F(4x4, 3x3): partial tiles at the border, two images, no padding
+    "wino_a": _wino(16, 13, 24, 1, n=2),
+    "wino_b": _wino(32, 9, 16, 0, w=11),
 }
 
 
@@ -72,7 +80,8 @@ def _task(name: str) -> Task:
 def test_templates_registered():
     load_templates()
     for kind in ("dense", "dense_pack", "matmul", "matmul_nt", "batch_matmul",
-                 "batch_matmul_nt", "conv2d_NCHWc", "depthwise_conv2d_NCHWc"):
+                 "batch_matmul_nt", "conv2d_NCHWc", "depthwise_conv2d_NCHWc",
+                 "conv2d_winograd_NCHWc"):
         assert kind in TEMPLATES
 
 
@@ -149,7 +158,7 @@ def test_depthwise_padding_modes(name):
 
 
 @pytest.mark.parametrize("name", ["dense_c", "matmul_a", "bmm_nt", "conv_a", "conv_c",
-                                  "dw_a", "dw_c"])
+                                  "dw_a", "dw_c", "wino_a"])
 def test_every_config_schedules(name):
     """Every config of the space applies (schedule only; small spaces in full, larger
     ones on 150 samples)."""
@@ -212,7 +221,7 @@ def test_layout_pass_honours_conv_blocks():
     c2 = Call("nn.conv2d", [c1, w2], {"padding": (1, 1, 1, 1)})
     func = Function([x], c2)
     wanted = {id(c1): (8, 16), id(c2): (4, 8)}
-    out = make_convert_layout(8, conv_blocks_fn=lambda call, xb: wanted.get(id(call)))(func)
+    out = make_convert_layout(8, conv_blocks_fn=lambda call, xb, tile: wanted.get(id(call)))(func)
     convs = [n for n in _calls(out) if n.op == "nn.conv2d_NCHWc"]
     assert [(c.attrs["data_layout"], c.attrs["out_layout"]) for c in convs] == [
         ("NCHW8c", "NCHW16c"), ("NCHW4c", "NCHW8c")]
@@ -304,14 +313,14 @@ def test_extract_tasks_from_compiled_model():
 
 
 class _SameConvTwice(torch.nn.Module):
-    """Two convs of one workload (16 -> 16, 3x3 on 12x12), after producers that emit
-    different channel blocks."""
+    """Two direct convs of one workload (16 -> 16, 5x5 on 12x12), after producers that
+    emit different channel blocks."""
 
     def __init__(self) -> None:
         super().__init__()
         self.stem = torch.nn.Conv2d(3, 16, 3, padding=1)
-        self.c1 = torch.nn.Conv2d(16, 16, 3, padding=1)
-        self.c2 = torch.nn.Conv2d(16, 16, 3, padding=1)
+        self.c1 = torch.nn.Conv2d(16, 16, 5, padding=2)
+        self.c2 = torch.nn.Conv2d(16, 16, 5, padding=2)
 
     def forward(self, x):
         return self.c2(torch.relu(self.c1(torch.relu(self.stem(x)))))
@@ -345,3 +354,39 @@ def test_one_workload_after_producers_of_different_blocks(tmp_path):
     assert blocks == [(3, 8, "exact"), (8, 16, "exact"), (16, 16, "exact")]
     np.testing.assert_allclose(tuned(x).numpy(), model(x).detach().numpy(),
                                rtol=1e-4, atol=1e-4)
+
+
+def test_records_choose_between_winograd_and_direct(tmp_path):
+    """A 3x3 layer takes Winograd by default; with records of both algorithms, the one
+    measured faster; with records of the direct conv only, Winograd stays."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(16, 16, 3, padding=1), torch.nn.ReLU()).eval()
+    x = torch.randn(1, 16, 12, 12)
+    want = model(x).detach().numpy()
+    (task,) = tecc.compile(model, [x]).tasks()
+    assert task["template"] == "conv2d_winograd_NCHWc" and task["source"] == "fallback"
+    wino_wl = task["workload"]
+    direct_wl = {k: v for k, v in wino_wl.items() if k != "winograd_tile"}
+    direct_wl["template"] = "conv2d_NCHWc"
+    target = target_to_json(TARGET)
+
+    def compiled_with(costs: dict[str, float]) -> dict:
+        path = tmp_path / f"records_{len(list(tmp_path.iterdir()))}.jsonl"
+        with open(path, "w") as f:
+            for wl in (wino_wl, direct_wl):
+                if wl["template"] not in costs:
+                    continue
+                config = task_from_workload(wl, TARGET).fallback_config().to_json()
+                f.write(json.dumps({"version": 1, "target": target, "workload": wl,
+                                    "config": config, "costs_s": [costs[wl["template"]]],
+                                    "error": None}) + "\n")
+        cm = tecc.compile(model, [x], target=TARGET, records=[path])
+        np.testing.assert_allclose(cm(x).numpy(), want, rtol=1e-4, atol=1e-4)
+        (chosen,) = cm.tasks()
+        return chosen
+
+    assert compiled_with({"conv2d_NCHWc": 1e-3, "conv2d_winograd_NCHWc": 2e-3})[
+        "template"] == "conv2d_NCHWc"
+    chosen = compiled_with({"conv2d_NCHWc": 2e-3, "conv2d_winograd_NCHWc": 1e-3})
+    assert (chosen["template"], chosen["source"]) == ("conv2d_winograd_NCHWc", "exact")
+    assert compiled_with({"conv2d_NCHWc": 1e-3})["template"] == "conv2d_winograd_NCHWc"

@@ -25,6 +25,7 @@ from autotune.tuner import RandomTuner  # noqa: E402
 from benchmarks.common import host_line, median_ms, write_table  # noqa: E402
 from frontend.ir import Call, Constant, Function, TensorType, Var  # noqa: E402
 from graph_opt.fuse_ops import fuse_ops  # noqa: E402
+from graph_opt.layout import make_convert_layout  # noqa: E402
 from graph_opt.pipeline import optimize  # noqa: E402
 from schedules.target import resolve_target, vector_lanes  # noqa: E402
 from schedules.tasks import extract_tasks  # noqa: E402
@@ -77,14 +78,19 @@ def workloads() -> list[dict]:
     return out
 
 
-def anchor_task(func: Function, target) -> object:
+def anchor_task(func: Function, target, winograd: bool = False) -> object:
     """The tuning task of the op as a model would run it: through the graph pipeline
-    (NCHWc layout for convs, weights pre-packed for dense), then its anchor's task."""
+    (NCHWc layout for convs, weights pre-packed for dense), then its anchor's task.
+    3x3 convs stay direct unless `winograd` (the direct conv is the TE workload other
+    tuners are compared on)."""
     lanes = vector_lanes(target)
-    fused = fuse_ops(optimize(func.with_attrs(cpu_vector_lanes=lanes), opt_level=3))
+    overrides = {} if winograd else {
+        "convert_layout_nchwc": make_convert_layout(winograd_fn=lambda conv, lanes: 0)}
+    fused = fuse_ops(optimize(func.with_attrs(cpu_vector_lanes=lanes), opt_level=3,
+                              overrides=overrides))
     tasks = [t for t in extract_tasks(fused, target)
              if t.template in ("dense", "matmul", "batch_matmul", "conv2d_NCHWc",
-                               "depthwise_conv2d_NCHWc")]
+                               "depthwise_conv2d_NCHWc", "conv2d_winograd_NCHWc")]
     if len(tasks) != 1:
         raise RuntimeError(f"expected one anchor task, got {[t.name for t in tasks]}")
     return tasks[0]

@@ -314,10 +314,15 @@ class WinogradNCHWcTemplate(Conv2dNCHWcTemplate):
         out = _block_named(sch, sch.get_consumers(gemm), "winograd_output_rows")
         tiles = _block_named(sch, sch.get_consumers(out), "winograd_output")
         _transform(sch, inp, rows, True, config["input_order"] == "chunk_tile")
-        _transform(sch, tiles, out, False, False)
+        if not _output_in_consumer(sch, tiles, out):
+            _transform(sch, tiles, out, False, False)
         # the GEMMs
         e, nu, p, o, ob, rcc, rc = sch.get_loops(gemm)
+        rows = int(sch.get(p).extent)
         p_out, p_in = sch.split(p, [None, config["tile_p"]])
+        if rows % config["tile_p"]:
+            # the bounds check of the last tile rows would sit on every FMA
+            sch.annotate(p_out, "pragma_loop_partition_hint", 1)
         acc = sch.cache_write(gemm, 0, "local")
         sch.reorder(e, nu, o, p_out, rcc, rc, p_in, ob)
         sch.reverse_compute_at(acc, p_out, preserve_unit_loops=True)
@@ -334,6 +339,36 @@ def _block_named(sch, blocks, name: str):
         if sch.get(b).name_hint == name:
             return b
     raise ValueError(f"no {name} block next to the Winograd GEMM")
+
+
+def _output_in_consumer(sch, tiles, rows) -> bool:
+    """The output transform computed tile by tile inside its consumer (the gather of
+    output tiles, with the fused epilogue inlined), so that each finished m x m tile
+    goes through the epilogue from cache. False (nothing changed) when the consumer
+    is not a single 5-loop NCHWc block."""
+    consumers = sch.get_consumers(tiles)
+    if len(consumers) != 1 or len(sch.get_loops(consumers[0])) != 5:
+        return False
+    (final,) = consumers
+    m = int(sch.get(tiles).writes[0].source.shape[2])
+    b, o, y, x, ob = sch.get_loops(final)
+    yo, yi = sch.split(y, [None, m])
+    xo, xi = sch.split(x, [None, m])
+    sch.reorder(b, o, yo, xo, yi, xi, ob)
+    top = sch.fuse(b, o, yo)
+    sch.parallel(top)
+    sch.compute_at(tiles, xo, preserve_unit_loops=True)
+    sch.compute_at(rows, xo, preserve_unit_loops=True)
+    for block in (rows, tiles):
+        *_, pt0, pt1, block_loop, red = sch.get_loops(block)
+        sch.reorder(pt0, pt1, red, block_loop)
+        for lp in (pt0, pt1, red):
+            sch.unroll(lp)
+        sch.vectorize(block_loop)
+    sch.unroll(yi)
+    sch.unroll(xi)
+    sch.vectorize(ob)
+    return True
 
 
 def _transform(sch, second, first, points_first: bool, chunk_outer: bool) -> None:

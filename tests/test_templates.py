@@ -157,6 +157,19 @@ def test_depthwise_padding_modes(name):
     assert 'T.sblock("conv_pad")' in scripts["rows"]
 
 
+def test_winograd_kernel_structure():
+    """Three parallel nests: the input transform (per tile and input chunk), the GEMMs
+    (tile rows in registers, the last partial block of rows partitioned off), and the
+    output transform computed tile by tile inside the output's own loop."""
+    task = _task("wino_a")  # 2 images x 4 x 4 tiles: 32 tile rows
+    config = task.space.from_json({**task.fallback_config().to_json(), "tile_p": 6})
+    script = task.build_primfunc(config).script()
+    top = [line.strip() for line in script.splitlines() if line.startswith("    for ")]
+    assert len(top) == 3 and all("T.parallel" in line for line in top), top
+    assert script.count("pragma_loop_partition_hint") == 1  # 32 rows = 5 x 6 + 2
+    assert script.index('T.sblock("winograd_output")') > script.index(top[2])
+
+
 @pytest.mark.parametrize("name", ["dense_c", "matmul_a", "bmm_nt", "conv_a", "conv_c",
                                   "dw_a", "dw_c", "wino_a"])
 def test_every_config_schedules(name):

@@ -456,7 +456,10 @@ def _garbage(shape: tuple[int, ...], dtype: str, rng: np.random.Generator) -> np
 
 def compare_outputs(got: Sequence[np.ndarray], expected: Sequence[np.ndarray], rtol: float,
                     atol: float) -> str | None:
-    """None when every output is within atol + rtol * |expected|, else the message."""
+    """None when every output is within atol * scale + rtol * |expected|, else the
+    message. scale is the expected output's RMS (at least 1): a long reduction, or
+    Winograd's transforms, round in proportion to the values summed, so a near-zero
+    output of a large-valued tensor is off by more than a bare atol."""
     if len(got) != len(expected):
         return f"{len(got)} outputs, expected {len(expected)}"
     for i, (g, e) in enumerate(zip(got, expected, strict=True)):
@@ -470,10 +473,13 @@ def compare_outputs(got: Sequence[np.ndarray], expected: Sequence[np.ndarray], r
             continue
         g64, e64 = g.astype(np.float64), e.astype(np.float64)
         diff = np.abs(g64 - e64)
+        finite = np.isfinite(diff)
+        scale = max(1.0, float(np.sqrt(np.mean(e64[finite] ** 2)))) if finite.any() else 1.0
         if not np.all(np.isfinite(g64) == np.isfinite(e64)) or not np.all(
-                diff[np.isfinite(diff)] <= atol + rtol * np.abs(e64[np.isfinite(diff)])):
+                diff[finite] <= atol * scale + rtol * np.abs(e64[finite])):
             err = float(np.nanmax(np.where(np.isnan(diff), np.inf, diff))) if diff.size else 0.0
-            return f"max abs err {err:.3g} in output {i} (rtol {rtol:g}, atol {atol:g})"
+            return (f"max abs err {err:.3g} in output {i} (rtol {rtol:g}, atol {atol:g} x "
+                    f"RMS {scale:.3g})")
     return None
 
 

@@ -181,6 +181,15 @@ def test_compare_outputs():
     assert "max abs err inf" in compare_outputs([nan], [ref], 1e-3, 1e-4)
     assert "shape" in compare_outputs([ref[:1]], [ref], 1e-3, 1e-4)
     assert compare_outputs([np.array([True])], [np.array([False])], 0, 0) is not None
+    # atol scales with the output's RMS: rounding of a near-zero value of a tensor of
+    # magnitude 16 (a 2304-term conv) passes; an error of one term of it does not
+    big = np.random.default_rng(0).standard_normal((64, 64)) * 16
+    big[0, 0] = 0.0
+    near = big.copy()
+    near[0, 0] = 3e-4
+    assert compare_outputs([near], [big], 1e-3, 1e-4) is None
+    near[0, 0] = 0.3
+    assert "max abs err 0.3" in compare_outputs([near], [big], 1e-3, 1e-4)
 
 
 def test_worker_pool_survives_its_jobs():

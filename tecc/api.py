@@ -116,7 +116,7 @@ def import_model(model: torch.nn.Module | str | os.PathLike,
 
 def _graph(model: Any, example_inputs: Sequence[Any] | None, target: str, opt_level: int,
            print_after: Sequence[str] | None, records: RecordsArg,
-           timings: dict[str, float]) -> tuple:
+           timings: dict[str, float], winograd: bool = True) -> tuple:
     """Import and optimize: the fused graph that compile builds and tune tunes."""
     start = time.perf_counter()
     imported = import_model(model, example_inputs)
@@ -127,7 +127,7 @@ def _graph(model: Any, example_inputs: Sequence[Any] | None, target: str, opt_le
     # The CPU layout pass blocks channels by the vector width (0 turns it off).
     lanes = vector_lanes(tvm_target) if tvm_target.kind.name == "llvm" else 0
     func = imported.func.with_attrs(cpu_vector_lanes=lanes)
-    tuning = TuningContext(records, tvm_target, lanes)
+    tuning = TuningContext(records, tvm_target, lanes, winograd)
     overrides = {
         "convert_layout_nchwc": make_convert_layout(conv_blocks_fn=tuning.conv_blocks,
                                                     winograd_fn=tuning.winograd_tile),
@@ -157,19 +157,21 @@ def tune(
     seed: int = 0,
     verify_top: int = 4,
     verify_rounds: int = 3,
+    winograd: bool = True,
 ) -> list:
     """Tune the kernels of `model` for `target` with `trials` measurements in all,
     appending every measurement to `records` (re-running on the same file resumes).
     Then each kernel's `verify_top` best configs and its untuned fallback are measured
     again in `verify_rounds` interleaved rounds (0: skip), and compile time decides by
     those rounds. `tecc.compile(model, ..., records=records)` then uses the best
-    configs. Returns the per-task tuning states (their histories and best GFLOP/s)."""
+    configs. `winograd` as in compile. Returns the per-task tuning states (their
+    histories and best GFLOP/s)."""
     from autotune.tune import plot_curves, tune_tasks
     from schedules.tasks import extract_tasks
 
     timings: dict[str, float] = {}
     _, partitioned, _, _, tvm_target = _graph(model, example_inputs, target, 3, None, None,
-                                              timings)
+                                              timings, winograd)
     tasks = extract_tasks(partitioned, tvm_target)
     weights = task_weights(partitioned, tvm_target, tasks)
     if progress:
@@ -208,6 +210,7 @@ def compile(  # noqa: A001 - the natural name, as torch.compile
     opt_level: int = 3,
     print_after: Sequence[str] | None = None,
     records: RecordsArg = None,
+    winograd: bool = True,
 ) -> CompiledModel:
     """Compile `model` for `target` ("llvm" = this CPU, "llvm:<cpu>", "cuda[:sm_XX]").
 
@@ -216,10 +219,12 @@ def compile(  # noqa: A001 - the natural name, as torch.compile
     `records`: tuning records (a .jsonl path, a folder of them or a list, merged); each
     workload gets its best record for this target (exact, else a compatible target),
     else its template's fallback config; one warning lists the untuned workloads.
-    `cm.tasks()` tells what each workload got."""
+    `cm.tasks()` tells what each workload got. `winograd=False` keeps every conv
+    direct: Winograd's transformed 3x3 kernels are 4x the size of the originals
+    (ResNet-18's package: 160 MB instead of 47 MB with the direct convs)."""
     timings: dict[str, float] = {}
     imported, partitioned, tuning, trace, tvm_target = _graph(
-        model, example_inputs, target, opt_level, print_after, records, timings)
+        model, example_inputs, target, opt_level, print_after, records, timings, winograd)
     result = build(partitioned, tvm_target, [s.name for s in imported.inputs],
                    [s.name for s in imported.outputs], imported.output_structure,
                    imported.param_names, config_fn=tuning.config)

@@ -10,6 +10,9 @@ from typing import Any
 
 import numpy as np
 
+NO_WINOGRAD_HELP = ("direct 3x3 convs only: a smaller package (Winograd's kernels are "
+                    "4x the size) for some speed")
+
 
 def load_model_spec(spec: str) -> tuple[Any, tuple | None]:
     """A `.pt2` file (torch.export.save), or `module:function` returning
@@ -29,7 +32,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
     import tecc
 
     model, example_inputs = load_model_spec(args.model)
-    compiled = tecc.compile(model, example_inputs, target=args.target, records=args.records)
+    compiled = tecc.compile(model, example_inputs, target=args.target, records=args.records,
+                            winograd=not args.no_winograd)
     compiled.export(args.output)
     print(f"compiled {args.model} for {compiled.target}: "
           f"{len(compiled.build_result.kernels)} kernels -> {args.output}")
@@ -43,7 +47,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     states = tecc.tune(model, example_inputs, target=args.target, records=args.records,
                        trials=args.trials, timeout=args.timeout, tuner=args.tuner,
                        early_stopping=args.early_stopping or None, plot=args.plot,
-                       verify_top=args.verify_top, verify_rounds=args.verify_rounds)
+                       verify_top=args.verify_top, verify_rounds=args.verify_rounds,
+                       winograd=not args.no_winograd)
     print(f"{'task':28s} {'calls':>5s} {'trials':>6s} {'best GFLOP/s':>12s}")
     for s in states:
         print(f"{s.task.name:28s} {s.weight:5d} {s.trials:6d} {s.best_gflops:12.1f}")
@@ -129,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target", default="llvm", help="llvm, llvm:<cpu>, cuda, cuda:sm_90")
     p.add_argument("--records", nargs="*", help="tuning records to apply (files or folders)")
     p.add_argument("-o", "--output", default="model.tar", help="package path (.tar or dir)")
+    p.add_argument("--no-winograd", action="store_true", help=NO_WINOGRAD_HELP)
     p.set_defaults(func=cmd_compile)
 
     p = sub.add_parser("tune", help="tune the kernels of a model, writing tuning records")
@@ -141,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--early-stopping", type=int, default=128,
                    help="stop a task after this many trials without improvement (0: never)")
     p.add_argument("--plot", help="write best GFLOP/s against trials to this PNG")
+    p.add_argument("--no-winograd", action="store_true", help=NO_WINOGRAD_HELP)
     p.add_argument("--verify-top", type=int, default=4,
                    help="re-measure this many best configs per kernel, and its fallback, "
                         "at the end (0: no verification)")

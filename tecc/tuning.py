@@ -33,8 +33,10 @@ RecordsArg = str | os.PathLike | Sequence[str | os.PathLike] | None
 
 
 class TuningContext:
-    def __init__(self, records: RecordsArg, target: tvm.target.Target, lanes: int) -> None:
+    def __init__(self, records: RecordsArg, target: tvm.target.Target, lanes: int,
+                 winograd: bool = True) -> None:
         self.given = bool(records)
+        self.winograd = winograd
         self.db = RecordDatabase.load(records) if records else RecordDatabase()
         self.target = target
         self.target_json = target_to_json(target)
@@ -51,7 +53,7 @@ class TuningContext:
         """Winograd or the direct conv for a 3x3 layer: the faster by its tuning records
         when both have some, Winograd when only it has, else the default rule."""
         default = default_winograd_tile(call, lanes)
-        if not winograd_eligible(call) or lanes <= 0:
+        if not self.winograd or not winograd_eligible(call) or lanes <= 0:
             return 0
         tile = default or WINOGRAD_DEFAULT_TILE
         wino = self.choose(conv_workload(WINOGRAD.name, call, tile))

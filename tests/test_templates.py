@@ -403,3 +403,20 @@ def test_records_choose_between_winograd_and_direct(tmp_path):
     chosen = compiled_with({"conv2d_NCHWc": 2e-3, "conv2d_winograd_NCHWc": 1e-3})
     assert (chosen["template"], chosen["source"]) == ("conv2d_winograd_NCHWc", "exact")
     assert compiled_with({"conv2d_NCHWc": 1e-3})["template"] == "conv2d_winograd_NCHWc"
+
+
+def test_winograd_can_be_turned_off():
+    """winograd=False: every conv direct, and the kernels' weights a quarter the size."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(16, 32, 3, padding=1), torch.nn.ReLU()).eval()
+    x = torch.randn(1, 16, 12, 12)
+    on, off = tecc.compile(model, [x]), tecc.compile(model, [x], winograd=False)
+    assert [t["template"] for t in on.tasks()] == ["conv2d_winograd_NCHWc"]
+    assert [t["template"] for t in off.tasks()] == ["conv2d_NCHWc"]
+    size = {name: sum(v.nbytes for v in cm.build_result.params.values())
+            for name, cm in (("on", on), ("off", off))}
+    bias = 32 * 4
+    assert size["on"] - bias == 4 * (size["off"] - bias)  # 6 x 6 points against 3 x 3
+    want = model(x).detach().numpy()
+    for cm in (on, off):
+        np.testing.assert_allclose(cm(x).numpy(), want, rtol=1e-4, atol=1e-4)

@@ -280,6 +280,15 @@ def _generic_spatial(sch: Schedule, block, lanes: int) -> None:
     total = math.prod(exts)
     inner = exts[-1]
     vec = _largest_divisor(inner, lanes, pow2=True)
+    if inner < 4 and len(loops) >= 3:
+        # a short innermost axis (3 channels of an RGB block): vectors across the
+        # fused index would need a division per element; keep the rows whole
+        *outer, row, last = loops
+        top = sch.fuse(*outer) if len(outer) > 1 else outer[0]
+        if total >= PARALLEL_MIN_WORK:
+            sch.parallel(top)
+        sch.unroll(last)
+        return
     if vec >= 4 or len(loops) == 1:
         # vectorize the innermost axis: contiguous for the common row-major case
         *outer, last = loops

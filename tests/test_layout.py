@@ -341,6 +341,17 @@ def test_blocked_conv_kernel_is_parallel_vectorized_with_fused_epilogue(kind):
     assert script.count("T.parallel") <= 2  # the conv nest (+ the padding)
 
 
+def test_rgb_padding_keeps_its_rows_whole():
+    """The padded copy of a 3-channel (RGB) block: parallel over rows, each row a plain
+    loop with its 3 channels unrolled, so no index is divided per element."""
+    func = _conv_nchwc_func(c=3, ic=3, hw=112)
+    script = lower_primitive(func, "k", TARGET).script()
+    loops = _conv_block_loops(script, "conv_pad")
+    assert "T.parallel" in loops[0] and "T.unroll(3)" in loops[-1]
+    assert not any("T.vectorized" in lp for lp in loops)
+    assert "range(114)" in loops[-2] or "serial(114)" in loops[-2]  # a whole padded row
+
+
 def test_blocked_conv_and_depthwise_kernels_compute_the_convolution():
     rng = np.random.default_rng(0)
     for kind in ("conv", "grouped", "depthwise"):

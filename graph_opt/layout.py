@@ -143,20 +143,28 @@ def winograd_eligible(conv: Call) -> bool:
 
 
 WINOGRAD_DEFAULT_TILE = 4
+# Above this, F(4x4)'s kernel (36 points per channel pair) is streamed from memory on
+# every call and the layer is bound by it: F(2x2)'s 16 points win. Measured on AVX2 (2
+# cores, fallback configs): ResNet-18's 512-channel 7x7 conv (38 MB with F(4x4)) 2.13
+# ms direct, 1.57 F(4x4), 1.32 F(2x2); its 256-channel 14x14 one (9 MB) 1.62, 0.76, 0.84.
+WINOGRAD_F4_MAX_KERNEL_BYTES = 16 * 2**20
 
 
 def default_winograd_tile(conv: Call, lanes: int) -> int:
-    """F(4x4, 3x3) for every eligible conv with a vector of input channels and at
-    least one full output tile: 4x
-    fewer multiplies for a kernel 4x the size. On AVX2 (2 cores, fallback configs)
-    ResNet-18's 3x3 layers went from 1.75 to 1.3 ms (56x56), 1.75 to 0.9 (28x28),
-    1.95 to 1.15 (14x14) and 2.25 to 1.85 (7x7, a 38 MB kernel)."""
+    """Winograd for every eligible conv with a vector of input channels and at least
+    one full 4x4 output tile: F(4x4, 3x3) (4x fewer multiplies than direct), or F(2x2,
+    3x3) where F(4x4)'s kernel would exceed WINOGRAD_F4_MAX_KERNEL_BYTES. On AVX2 (2
+    cores, fallback configs) ResNet-18's 3x3 layers went from 1.75 to 1.3 ms (56x56),
+    1.75 to 0.9 (28x28) and 1.95 to 1.15 (14x14)."""
     if lanes <= 0 or not winograd_eligible(conv):
         return 0
+    o, i = conv.args[1].shape[:2]
     oh, ow = conv.shape[2:]
     # a GEMM over a few input channels (an RGB input) is no GEMM
-    wide = conv.args[1].shape[1] >= lanes
-    return WINOGRAD_DEFAULT_TILE if wide and min(oh, ow) >= WINOGRAD_DEFAULT_TILE else 0
+    if i < lanes or min(oh, ow) < WINOGRAD_DEFAULT_TILE:
+        return 0
+    f4_bytes = 36 * o * i * np.dtype(conv.args[1].dtype).itemsize
+    return WINOGRAD_DEFAULT_TILE if f4_bytes <= WINOGRAD_F4_MAX_KERNEL_BYTES else 2
 
 
 # ---------------------------------------------------------------- block choice

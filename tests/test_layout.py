@@ -231,6 +231,10 @@ def test_which_convs_use_winograd():
     assert default_winograd_tile(conv(rgb, 32, 1), 8) == 0  # 3 input channels
     tiny = Var("tiny", TensorType((1, 16, 3, 3), "float32"))
     assert default_winograd_tile(conv(tiny, 32, 1), 8) == 0  # no full 4x4 output tile
+    # 512 x 512 channels: F(4x4)'s kernel would be 38 MB, F(2x2)'s is 17 MB
+    wide = Var("wide", TensorType((1, 512, 7, 7), "float32"))
+    assert default_winograd_tile(Call("nn.conv2d", [wide, Constant(np.zeros(
+        (512, 512, 3, 3), "float32"))], {"padding": (1, 1, 1, 1)}), 8) == 2
 
 
 class _WinogradNet(torch.nn.Module):

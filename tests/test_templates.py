@@ -45,9 +45,10 @@ def _conv(c: int, hw: int, o: int, k: int, s: int, p: int, n: int = 1, dw: bool 
             "strides": [s, s], "padding": [p, p, p, p], "dilation": [1, 1], "groups": g}
 
 
-def _wino(c: int, h: int, o: int, p: int, n: int = 1, w: int | None = None) -> dict:
+def _wino(c: int, h: int, o: int, p: int, n: int = 1, w: int | None = None,
+          tile: int = 4) -> dict:
     return {**_conv(c, h, o, 3, 1, p, n=n, w=w), "template": "conv2d_winograd_NCHWc",
-            "winograd_tile": 4}
+            "winograd_tile": tile}
 
 
 WORKLOADS = {
@@ -70,6 +71,7 @@ WORKLOADS = {
     # Winograd F(4x4, 3x3): partial tiles at the border, two images, no padding
     "wino_a": _wino(16, 13, 24, 1, n=2),
     "wino_b": _wino(32, 9, 16, 0, w=11),
+    "wino_c": _wino(16, 7, 32, 1, tile=2),  # F(2x2, 3x3)
 }
 
 

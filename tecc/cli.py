@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 NO_WINOGRAD_HELP = ("direct 3x3 convs only: a smaller package (Winograd's kernels are "
-                    "4x the size) for some speed")
+                    "1.8-4x the size) for some speed")
 
 
 def load_model_spec(spec: str) -> tuple[Any, tuple | None]:

@@ -288,15 +288,11 @@ def _conv2d_nchwc_rel(types: list[Type], attrs: Attrs) -> Type:
     if oc is None or kernel.ndim != 6 or kernel.shape[5] != oc:
         raise IRTypeError(f"conv2d_NCHWc: kernel {kernel.shape} does not match out_layout "
                           f"{attrs['out_layout']}")
-    occ, ipc, kh, kw, kic, _ = kernel.shape
+    occ, ipc, kh, kw, kic, _ = nchwc_kernel_dims(kernel.shape, attrs)
     groups = attrs["groups"]
     out_channels = occ * oc
-    tile = winograd_tile(attrs)
-    if tile:
-        alpha, _, occ, ipc, kic, _ = kernel.shape
-        kh = kw = alpha - tile + 1
-        out_channels = occ * oc
-        if kic != ic or c != ipc * ic or groups != 1 or kernel.shape[1] != alpha:
+    if winograd_tile(attrs):
+        if kic != ic or c != ipc * ic or groups != 1 or kernel.shape[0] != kernel.shape[1]:
             raise IRTypeError(f"conv2d_NCHWc: data {data.shape} and Winograd kernel "
                               f"{kernel.shape} do not match")
     elif is_depthwise_nchwc(data.shape, kernel.shape, groups):
@@ -320,6 +316,18 @@ def winograd_tile(attrs: Attrs) -> int:
     whose kernel is then pre-transformed, [alpha, alpha, OC/oc, C/ic, ic, oc] with
     alpha = m + 2; 0 for the direct algorithm."""
     return int(attrs.get("winograd_tile", 0))
+
+
+def nchwc_kernel_dims(kernel_shape: Sequence[int], attrs: Attrs
+                      ) -> tuple[int, int, int, int, int, int]:
+    """(OC/oc, IPG/ic, KH, KW, ic, oc) of a conv2d_NCHWc kernel, the Winograd layout
+    [alpha, alpha, OC/oc, C/ic, ic, oc] included (KH = KW = alpha - m + 1)."""
+    tile = winograd_tile(attrs)
+    if tile:
+        alpha, _, occ, ipc, kic, oc = kernel_shape
+        return occ, ipc, alpha - tile + 1, alpha - tile + 1, kic, oc
+    occ, ipc, kh, kw, kic, oc = kernel_shape
+    return occ, ipc, kh, kw, kic, oc
 
 
 def is_depthwise_nchwc(data_shape: Sequence[int], kernel_shape: Sequence[int],

@@ -121,12 +121,9 @@ class Task:
         if self.template in CONV_TEMPLATES:
             from schedules.templates_conv import conv_blocks
 
-            tmpl = self.template_obj
             blocks = conv_blocks(wl, dict(config), lanes) if config is not None else None
             if blocks is None:
-                values = tmpl.fallback_values(wl, lanes)
-                blocks = ((values["c_bn"],) * 2 if "c_bn" in values
-                          else (values["ic_bn"], values["oc_bn"]))
+                blocks = conv_blocks(wl, self.template_obj.fallback_values(wl, lanes), lanes)
             return _conv_nchwc_func(call, wl, blocks)
         if self.kind == "dense_pack":
             from schedules.templates_dense import dense_pack_block

@@ -31,7 +31,7 @@ import math
 from typing import Any
 
 from frontend.ir import Call
-from frontend.ops import winograd_tile
+from frontend.ops import nchwc_kernel_dims, winograd_tile
 from graph_opt.layout import default_out_block_for, in_block, out_block_candidates
 from schedules.default import _acc_budget, _tile_epilogue_parallel, padding_producer
 from schedules.default import _vectorize_tail as vectorize_tail
@@ -59,11 +59,7 @@ def conv_workload(name: str, call: Call, tile: int | None = None) -> dict[str, A
     if call.op == "nn.conv2d_NCHWc":
         n, cc, h, w, ic = data.shape
         tile = winograd_tile(call.attrs)
-        if tile:
-            alpha, _, occ, ipc, kic, oc = kernel.shape
-            kh = kw = alpha - tile + 1
-        else:
-            occ, ipc, kh, kw, kic, oc = kernel.shape
+        occ, ipc, kh, kw, kic, oc = nchwc_kernel_dims(kernel.shape, call.attrs)
         data_shape = [n, cc * ic, h, w]
         kernel_shape = [occ * oc, ipc * kic, kh, kw]
     else:
@@ -113,6 +109,20 @@ def default_ow_tile(ow: int, oc_bn: int, lanes: int) -> int:
     return -(-ow // tiles)
 
 
+def _define_blocks(space: ConfigSpace, d: dict[str, int], lanes: int) -> None:
+    """The channel-block knobs ic_bn and oc_bn of a (non-depthwise) NCHWc conv."""
+    oc_opts = block_options(d["opg"], lanes)
+    if not oc_opts:
+        raise ValueError(f"{d['opg']} output channels per group have no vector block")
+    space.define_choice("ic_bn", block_options(d["ipg"], lanes) or [in_block(d["ipg"], lanes)])
+    space.define_choice("oc_bn", oc_opts)
+
+
+def _default_blocks(d: dict[str, int], lanes: int) -> tuple[int, int]:
+    """(ic_bn, oc_bn) the layout pass picks for an NCHWc conv without a record."""
+    return in_block(d["ipg"], lanes), default_out_block_for(d["opg"], lanes) or lanes
+
+
 class _ConvBase(Template):
     def workload(self, call: Call, kind: str) -> dict[str, Any]:
         return conv_workload(self.name, call)
@@ -136,12 +146,7 @@ class Conv2dNCHWcTemplate(_ConvBase):
     def space_for(self, wl: dict[str, Any], lanes: int) -> ConfigSpace:
         d = conv_dims(wl)
         space = ConfigSpace()
-        ic_opts = block_options(d["ipg"], lanes) or [in_block(d["ipg"], lanes)]
-        oc_opts = block_options(d["opg"], lanes)
-        if not oc_opts:
-            raise ValueError(f"{d['opg']} output channels per group have no vector block")
-        space.define_choice("ic_bn", ic_opts)
-        space.define_choice("oc_bn", oc_opts)
+        _define_blocks(space, d, lanes)
         space.define_choice("tile_ow", ow_tiles(d["ow"]))
         space.define_choice("tile_oh", [1, 2] if d["oh"] % 2 == 0 else [1])
         space.define_bool("unroll_kw")
@@ -154,10 +159,7 @@ class Conv2dNCHWcTemplate(_ConvBase):
     def fallback_values(self, wl: dict[str, Any], lanes: int,
                         blocks: tuple[int, int] | None = None) -> dict[str, Any]:
         d = conv_dims(wl)
-        if blocks is None:
-            oc = default_out_block_for(d["opg"], lanes) or lanes
-            blocks = (in_block(d["ipg"], lanes), oc)
-        ic_bn, oc_bn = blocks
+        ic_bn, oc_bn = blocks or _default_blocks(d, lanes)
         return {"ic_bn": ic_bn, "oc_bn": oc_bn, "tile_ow": default_ow_tile(d["ow"], oc_bn, lanes),
                 "tile_oh": 1, "unroll_kw": d["kw"] <= 7, "reduce_order": "icc_kh_kw"}
 
@@ -284,23 +286,15 @@ class WinogradNCHWcTemplate(Conv2dNCHWcTemplate):
     name = "conv2d_winograd_NCHWc"
 
     def space_for(self, wl: dict[str, Any], lanes: int) -> ConfigSpace:
-        d = conv_dims(wl)
         space = ConfigSpace()
-        space.define_choice("ic_bn", block_options(d["ipg"], lanes) or [in_block(d["ipg"], lanes)])
-        oc_opts = block_options(d["opg"], lanes)
-        if not oc_opts:
-            raise ValueError(f"{d['opg']} output channels have no vector block")
-        space.define_choice("oc_bn", oc_opts)
+        _define_blocks(space, conv_dims(wl), lanes)
         space.define_choice("tile_p", list(range(1, 9)))
         space.define_choice("input_order", ["tile_chunk", "chunk_tile"])
         return space
 
     def fallback_values(self, wl: dict[str, Any], lanes: int,
                         blocks: tuple[int, int] | None = None) -> dict[str, Any]:
-        d = conv_dims(wl)
-        if blocks is None:
-            blocks = (in_block(d["ipg"], lanes), default_out_block_for(d["opg"], lanes) or lanes)
-        ic_bn, oc_bn = blocks
+        ic_bn, oc_bn = blocks or _default_blocks(conv_dims(wl), lanes)
         vecs = max(1, -(-oc_bn // lanes))
         tile_p = max(1, min(8, _acc_budget(lanes, vecs) // vecs))
         return {"ic_bn": ic_bn, "oc_bn": oc_bn, "tile_p": tile_p, "input_order": "tile_chunk"}
@@ -318,9 +312,9 @@ class WinogradNCHWcTemplate(Conv2dNCHWcTemplate):
             _transform(sch, tiles, out, False, False)
         # the GEMMs
         e, nu, p, o, ob, rcc, rc = sch.get_loops(gemm)
-        rows = int(sch.get(p).extent)
+        tile_rows = int(sch.get(p).extent)
         p_out, p_in = sch.split(p, [None, config["tile_p"]])
-        if rows % config["tile_p"]:
+        if tile_rows % config["tile_p"]:
             # the bounds check of the last tile rows would sit on every FMA
             sch.annotate(p_out, "pragma_loop_partition_hint", 1)
         acc = sch.cache_write(gemm, 0, "local")
@@ -361,10 +355,7 @@ def _output_in_consumer(sch, tiles, rows) -> bool:
     sch.compute_at(rows, xo, preserve_unit_loops=True)
     for block in (rows, tiles):
         *_, pt0, pt1, block_loop, red = sch.get_loops(block)
-        sch.reorder(pt0, pt1, red, block_loop)
-        for lp in (pt0, pt1, red):
-            sch.unroll(lp)
-        sch.vectorize(block_loop)
+        _unroll_points(sch, pt0, pt1, red, block_loop)
     sch.unroll(yi)
     sch.unroll(xi)
     sch.vectorize(ob)
@@ -386,13 +377,17 @@ def _transform(sch, second, first, points_first: bool, chunk_outer: bool) -> Non
     top = sch.fuse(*outer)
     sch.parallel(top)
     sch.compute_at(first, top, preserve_unit_loops=True)
-    first_loops = sch.get_loops(first)
     # first's loops under top: (tile, chunk, a, point, block, reduction)
-    *_, fa, fpt, fblock, fred = first_loops
-    sch.reorder(fa, fpt, fred, fblock)
-    for lp in (fa, fpt, fred):
-        sch.unroll(lp)
-    sch.vectorize(fblock)
+    *_, fa, fpt, fblock, fred = sch.get_loops(first)
+    _unroll_points(sch, fa, fpt, fred, fblock)
+    _unroll_points(sch, pt0, pt1, red, block)
+
+
+def _unroll_points(sch, pt0, pt1, red, block) -> None:
+    """A transform pass's loops ordered (point, point, reduction, channel block): the
+    points and the reduction unrolled (the matrices' zeros and ones fold away), the
+    channel block vectorized."""
+    sch.reorder(pt0, pt1, red, block)
     for lp in (pt0, pt1, red):
         sch.unroll(lp)
     sch.vectorize(block)

@@ -52,9 +52,9 @@ class TuningContext:
     def winograd_tile(self, call: Call, lanes: int) -> int:
         """Winograd or the direct conv for a 3x3 layer: the faster by its tuning records
         when both have some, Winograd when only it has, else the default rule."""
-        default = default_winograd_tile(call, lanes)
-        if not self.winograd or not winograd_eligible(call) or lanes <= 0:
+        if not self.winograd or lanes <= 0 or not winograd_eligible(call):
             return 0
+        default = default_winograd_tile(call, lanes)
         tile = default or WINOGRAD_DEFAULT_TILE
         wino = self.choose(conv_workload(WINOGRAD.name, call, tile))
         if wino.cost_s is None:

@@ -28,6 +28,7 @@ import it first and choose what to load (the run worker loads the TVM runtime on
 from __future__ import annotations
 
 import collections
+import math
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -64,6 +65,9 @@ WRONG_RESULT = "wrong_result"
 # The function name every candidate library exports (the build renames the PrimFunc).
 ENTRY = "main"
 _MAX_MESSAGE = 500
+# A first call shorter than this is always followed by the full measurement: below it,
+# a cold cache or waking the thread pool can make the first call several times slower.
+CUTOFF_FLOOR_S = 1e-3
 
 
 # ---------------------------------------------------------------------------- data
@@ -114,6 +118,9 @@ class RunJob:
     output_specs: list[tuple[tuple[int, ...], str]]
     expected: list[np.ndarray] | None  # None: do not check
     device: str = "cpu"  # "cpu" or "cuda"
+    # A first call slower than this (seconds) is the candidate's only timing: see
+    # LocalRunner's slow_ratio. None: always the full time_evaluator measurement.
+    cutoff_s: float | None = None
 
 
 @dataclass
@@ -495,13 +502,17 @@ def run_candidate(payload: tuple[RunJob, RunOptions]) -> tuple[list[float], str 
     args = [tvm.runtime.tensor(np.ascontiguousarray(a), dev) for a in job.inputs]
     args += [tvm.runtime.tensor(_garbage(shape, dtype, rng), dev)
              for shape, dtype in job.output_specs]
+    started = time.perf_counter()
     func(*args)  # the first call: its outputs are the ones checked
     dev.sync()
+    first_s = time.perf_counter() - started
     if job.expected is not None:
         outputs = [a.numpy() for a in args[len(job.inputs):]]
         problem = compare_outputs(outputs, job.expected, opt.rtol, opt.atol)
         if problem is not None:
             return [], _error(WRONG_RESULT, problem)
+    if job.cutoff_s is not None and first_s > job.cutoff_s:
+        return [first_s], None
     for _ in range(max(0, opt.warmup - 1)):
         func(*args)
     dev.sync()
@@ -572,22 +583,35 @@ class LocalRunner:
     Inputs come from task.reference_inputs(seed), expected outputs from
     task.reference_outputs(inputs) (computed here, once per task); outputs start as
     random garbage. number/repeat/min_repeat_ms go to TVM's time_evaluator; `warmup`
-    untimed calls come first (the first of them is the one checked)."""
+    untimed calls come first (the first of them is the one checked).
+
+    On the CPU, a candidate whose checked first call already takes more than
+    `slow_ratio` times the best cost this runner measured for its workload in earlier
+    batches (and more than CUTOFF_FLOOR_S) keeps that call as its only timing: it cannot
+    be the best, and the full measurement of slow candidates (repeat x min_repeat_ms
+    and more each) is most of a random search's running time. None measures every
+    candidate in full."""
 
     def __init__(self, number: int = 4, repeat: int = 3, min_repeat_ms: int = 20,
                  warmup: int = 1, timeout_s: float = 10.0, cache_flush: bool = False,
                  check_correctness: bool = True, rtol: float = 1e-3, atol: float = 1e-4,
-                 seed: int = 0) -> None:
+                 seed: int = 0, slow_ratio: float | None = 3.0) -> None:
         self.options = RunOptions(number, repeat, min_repeat_ms, max(1, warmup), cache_flush,
                                   rtol, atol, seed)
         self.timeout_s = timeout_s
         self.check_correctness = check_correctness
         self.seed = seed
+        self.slow_ratio = slow_ratio
         self.pool = run_worker_pool()
         self._references: dict[tuple[str, str, str], tuple[list, list | None]] = {}
+        self._best_s: dict[tuple[str, str, str], float] = {}
+
+    @staticmethod
+    def _key(task: TunableTask) -> tuple[str, str, str]:
+        return (task.name, workload_key(task.workload), str(target_json(task.target)))
 
     def _reference(self, task: TunableTask) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
-        key = (task.name, workload_key(task.workload), str(target_json(task.target)))
+        key = self._key(task)
         if key not in self._references:
             inputs = [np.ascontiguousarray(a) for a in task.reference_inputs(self.seed)]
             expected = None
@@ -629,8 +653,13 @@ class LocalRunner:
                     built.build_s, time.time())))
                 continue
             n_in = len(ref_inputs)
+            device = _device_of(inp.task.target)
+            best = self._best_s.get(self._key(inp.task))
+            cutoff = None
+            if self.slow_ratio is not None and best is not None and device == "cpu":
+                cutoff = max(self.slow_ratio * best, CUTOFF_FLOOR_S)
             jobs.append(RunJob(built.path, ref_inputs, list(built.arg_specs[n_in:]), expected,
-                               _device_of(inp.task.target)))
+                               device, cutoff))
             job_index.append(i)
 
         def flush_failures(before: int) -> None:
@@ -640,8 +669,12 @@ class LocalRunner:
         def job_done(j: int, outcome: RunOutcome) -> None:
             i = job_index[j]
             flush_failures(i)
-            done(i, MeasureResult(outcome.costs_s, outcome.error,
-                                  build_results[i].build_s + outcome.run_s, time.time()))
+            result = MeasureResult(outcome.costs_s, outcome.error,
+                                   build_results[i].build_s + outcome.run_s, time.time())
+            if result.ok:
+                key = self._key(inputs[i].task)
+                self._best_s[key] = min(self._best_s.get(key, math.inf), result.cost)
+            done(i, result)
 
         run_built_batch(jobs, self.options, self.timeout_s, self.pool, job_done)
         flush_failures(len(inputs) + 1)

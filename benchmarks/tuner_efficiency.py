@@ -3,7 +3,10 @@ search, and TVM MetaSchedule's own tune_tir on the same workloads and trial coun
 with torch as the reference, in one run.
 
     python benchmarks/tuner_efficiency.py [--trials 512] [--seeds 3] [--only matmul_512]
-        [--tuners xgb,random,metaschedule]
+        [--tuners xgb,random,metaschedule] [--curves results/tuner_efficiency_curves.json]
+
+Finished curves are kept in a JSON file; a re-run measures only the missing ones, so
+the full matrix (about 9 hours here) can be run in parts.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from autotune.measure import LocalBuilder, LocalRunner, MeasureInput, measure_batch  # noqa: E402
 from autotune.tuner import make_tuner  # noqa: E402
-from benchmarks.common import host_line, median_ms, write_table  # noqa: E402
+from benchmarks.common import RESULTS, host_line, median_ms, write_table  # noqa: E402
 from benchmarks.ops_cpu import anchor_task, workloads  # noqa: E402
 from schedules.target import resolve_target  # noqa: E402
 
@@ -72,73 +75,140 @@ def at(curve: list[float], n: int) -> float:
     return curve[min(n, len(curve)) - 1] if curve else math.inf
 
 
+class CurveStore:
+    """Each finished (workload, tuner, seed) curve (best seconds after each trial), kept
+    in a JSON file written after every curve: the full matrix takes hours on this host,
+    so runs add to the file and skip the curves it already holds."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.data = json.loads(path.read_text()) if path.exists() else {}
+
+    def curve(self, workload: str, tuner: str, seed: int, trials: int) -> list[float] | None:
+        entry = self.data.get(workload, {}).get(tuner, {}).get(str(seed))
+        if entry is None or entry["trials"] < trials:
+            return None
+        return entry["best_s"][:trials]
+
+    def add(self, workload: str, tuner: str, seed: int, trials: int, curve: list[float]) -> None:
+        runs = self.data.setdefault(workload, {}).setdefault(tuner, {})
+        runs[str(seed)] = {"trials": trials, "best_s": [float(f"{c:.6g}") for c in curve]}
+        self.save()
+
+    def set_torch(self, workload: str, gflops: float) -> None:
+        self.data.setdefault(workload, {})["torch_gflops"] = round(gflops, 2)
+        self.save()
+
+    def torch(self, workload: str) -> float | None:
+        return self.data.get(workload, {}).get("torch_gflops")
+
+    def save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.data, indent=None, separators=(",", ":")) + "\n")
+        tmp.replace(self.path)
+
+
+def table_rows(store: CurveStore, chosen: list[dict], flops: dict[str, float], trials: int,
+               seeds: int, marks: list[int]) -> list[list[str]]:
+    """Mean best GFLOP/s at each mark over the seeds the store holds at `trials`."""
+    rows = []
+    for wl in chosen:
+        name = wl["name"]
+        torch_gflops = store.torch(name)
+        curves = {t: [c for seed in range(seeds)
+                      if (c := store.curve(name, t, seed, trials)) is not None]
+                  for t in TUNERS}
+
+        def gflops(seconds: float) -> float:
+            return flops[name] / seconds / 1e9 if math.isfinite(seconds) else 0.0  # noqa: B023
+
+        mean_at = {t: [float(np.mean([gflops(at(c, m)) for c in cs])) for m in marks]
+                   for t, cs in curves.items() if cs}
+        reach = ""
+        if "xgb" in mean_at and "random" in mean_at:
+            reach = next((str(m) for m, g in zip(marks, mean_at["xgb"], strict=True)
+                          if g >= mean_at["random"][-1]), "not reached")
+        for t, means in mean_at.items():
+            ratio = f"{means[-1] / torch_gflops:.2f}" if torch_gflops else ""
+            rows.append([name, t, str(len(curves[t]))] + [f"{g:.1f}" for g in means]
+                        + [f"{torch_gflops or 0:.1f}", ratio, reach if t == "xgb" else ""])
+    return rows
+
+
+TUNERS = ("xgb", "random", "metaschedule")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--trials", type=int, default=512)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--only", default=",".join(SELECTED))
-    parser.add_argument("--tuners", default="xgb,random,metaschedule",
+    parser.add_argument("--tuners", default=",".join(TUNERS),
                         help="comma-separated subset of xgb, random, metaschedule")
     parser.add_argument("--output", default="tuner_efficiency")
+    parser.add_argument("--curves", type=Path, default=None,
+                        help="JSON file of finished curves, read and extended "
+                             "(default: results/<output>_curves.json)")
     args = parser.parse_args()
-    tuners = set(args.tuners.split(","))
+    tuners = [t for t in TUNERS if t in args.tuners.split(",")]
     torch.set_num_threads(2)
     target = resolve_target("llvm")
     chosen = [w for w in workloads() if w["name"] in args.only.split(",")]
+    flops = {w["name"]: w["flops"] for w in chosen}
     marks = [c for c in CHECKPOINTS if c <= args.trials]
-    rows = []
-    rng = np.random.default_rng(0)
-    with LocalBuilder(n_parallel=2, timeout_s=60) as builder, \
-            LocalRunner(number=3, repeat=3, min_repeat_ms=30, timeout_s=20) as runner:
-        for wl in chosen:
-            task = anchor_task(wl["func"], target)
+    store = CurveStore(args.curves or RESULTS / f"{args.output}_curves.json")
+    tasks: dict[str, object] = {}
+
+    def task_of(wl: dict):
+        if wl["name"] not in tasks:
+            tasks[wl["name"]] = anchor_task(wl["func"], target)
+            rng = np.random.default_rng(0)
             arrays = [torch.from_numpy(rng.standard_normal(s).astype("float32"))
                       for s in wl["shapes"]]
             with torch.no_grad():
-                torch_gflops = wl["flops"] / (median_ms(lambda: wl["torch"](*arrays)) / 1e3) / 1e9  # noqa: B023
+                seconds = median_ms(lambda: wl["torch"](*arrays)) / 1e3
+            store.set_torch(wl["name"], wl["flops"] / seconds / 1e9)
+        return tasks[wl["name"]]
 
-            def gflops(seconds: float) -> float:
-                return wl["flops"] / seconds / 1e9 if math.isfinite(seconds) else 0.0  # noqa: B023
-
-            curves: dict[str, list[list[float]]] = {"xgb": [], "random": [], "metaschedule": []}
-            for seed in range(args.seeds):
-                for name in [t for t in ("xgb", "random") if t in tuners]:
+    # seed by seed: the table covers every workload early and gains seeds as it runs
+    with LocalBuilder(n_parallel=2, timeout_s=60) as builder, \
+            LocalRunner(number=3, repeat=3, min_repeat_ms=30, timeout_s=20) as runner:
+        for seed in range(args.seeds):
+            for wl in chosen:
+                for name in tuners:
+                    if store.curve(wl["name"], name, seed, args.trials) is not None:
+                        continue
+                    task = task_of(wl)
                     start = time.perf_counter()
-                    tuner = make_tuner(name, task, seed=seed)
-                    tuner.tune(args.trials, lambda cs: measure_batch(  # noqa: B023
-                        builder, runner, [MeasureInput(task, c) for c in cs]), batch_size=32)  # noqa: B023
-                    curves[name].append(tuner.history.best_curve())
-                    print(f"{wl['name']} {name} seed {seed}: "
-                          f"{gflops(tuner.history.best_cost):.1f} GFLOP/s "
+                    if name == "metaschedule":
+                        try:
+                            curve = metaschedule_curve(task, args.trials, target, seed)
+                        except Exception as err:  # the anchor is reported, not fatal
+                            print(f"MetaSchedule failed on {wl['name']}: {err}")
+                            continue
+                    else:
+                        tuner = make_tuner(name, task, seed=seed)
+                        tuner.tune(args.trials, lambda cs: measure_batch(  # noqa: B023
+                            builder, runner, [MeasureInput(task, c) for c in cs]),  # noqa: B023
+                            batch_size=32)
+                        curve = tuner.history.best_curve()
+                    store.add(wl["name"], name, seed, args.trials, curve)
+                    best = wl["flops"] / curve[-1] / 1e9 if curve else 0.0
+                    print(f"{wl['name']} {name} seed {seed}: {best:.1f} GFLOP/s "
                           f"({time.perf_counter() - start:.0f}s)", flush=True)
-                if "metaschedule" in tuners:
-                    try:
-                        curves["metaschedule"].append(
-                            metaschedule_curve(task, args.trials, target, seed))
-                    except Exception as err:  # the anchor is reported, not fatal
-                        print(f"MetaSchedule failed on {wl['name']}: {err}")
-            mean_at = {name: [float(np.mean([gflops(at(c, m)) for c in cs])) if cs else 0.0
-                              for m in marks] for name, cs in curves.items()}
-            random_best = mean_at["random"][-1] if curves["random"] else math.inf
-            reach = [next((m for m, g in zip(marks, mean_at["xgb"], strict=True)
-                           if g >= random_best), None)]
-            for name in ("xgb", "random", "metaschedule"):
-                if curves[name]:
-                    rows.append([wl["name"], name] + [f"{g:.1f}" for g in mean_at[name]]
-                                + [f"{torch_gflops:.1f}",
-                                   f"{mean_at[name][-1] / torch_gflops:.2f}",
-                                   ("not reached" if reach[0] is None else str(reach[0]))
-                                   if name == "xgb" and curves["random"] else ""])
-                    print(rows[-1], flush=True)
     write_table(
         args.output, "Tuner efficiency: best GFLOP/s against trials (mean over seeds)",
-        ["workload", "tuner"] + [f"@{m}" for m in marks]
+        ["workload", "tuner", "seeds"] + [f"@{m}" for m in marks]
         + ["torch", f"@{marks[-1]} / torch", "xgb trials to random's best"],
-        rows,
-        [f"Host: {host_line()}; {args.seeds} seed(s), batches of 32 for tecc's tuners, "
-         "64 for MetaSchedule (evolutionary search, its XGBoost model).",
+        table_rows(store, chosen, flops, args.trials, args.seeds, marks),
+        [f"Host: {host_line()}; batches of 32 for tecc's tuners (one runner: candidates "
+         "3x slower than the best of earlier batches are timed by one call), 64 for "
+         "MetaSchedule (evolutionary search, its XGBoost model). Seeds: how many the "
+         "mean is over.",
          f"Command: `python benchmarks/tuner_efficiency.py --trials {args.trials} "
-         f"--seeds {args.seeds}`."],
+         f"--seeds {args.seeds}` (finished curves in `{store.path.name}`; a re-run "
+         "measures only the missing ones)."],
     )
 
 

@@ -21,6 +21,7 @@ from tvm import te
 from tvm.s_tir.schedule import Schedule
 
 from autotune.measure import (
+    CUTOFF_FLOOR_S,
     LocalBuilder,
     LocalRunner,
     MeasureInput,
@@ -35,7 +36,8 @@ from schedules.space import Config, ConfigSpace
 from schedules.target import resolve_target, target_to_json
 
 N = 64
-FAULTS = ["none", "build_error", "build_hang", "crash", "run_hang", "wrong"]
+SLOW = 512
+FAULTS = ["none", "build_error", "build_hang", "crash", "run_hang", "wrong", "slow"]
 
 
 def matmul_space() -> ConfigSpace:
@@ -61,15 +63,17 @@ class MatmulTask:
         fault = config["fault"]
         if fault == "build_hang":
             time.sleep(3600)
-        # wrong: one reduction step short; run_hang: a reduction of 2^30 steps per output
-        extent = {"wrong": N - 1, "run_hang": 1 << 30}.get(fault, N)
+        # wrong: one reduction step short; run_hang: a reduction of 2^30 steps per output;
+        # slow: every product SLOW times, scaled by 1/SLOW (exact: a power of two)
+        extent = {"wrong": N - 1, "run_hang": 1 << 30, "slow": N * SLOW}.get(fault, N)
+        scale = 1.0 / SLOW if fault == "slow" else 1.0
         # crash: reads 2^24 rows past A (gigabytes away: unmapped, a real SIGSEGV)
         offset = 1 << 24 if fault == "crash" else 0
         a = te.placeholder((N, N), name="A")
         b = te.placeholder((N, N), name="B")
         k = te.reduce_axis((0, extent), name="k")
-        c = te.compute((N, N), lambda i, j: te.sum(a[i + offset, k % N] * b[k % N, j], axis=k),
-                       name="C")
+        c = te.compute((N, N), lambda i, j: te.sum(a[i + offset, k % N] * b[k % N, j] * scale,
+                                                    axis=k), name="C")
         sch = Schedule(tvm.IRModule({"main": te.create_prim_func([a, b, c])}))
         block = sch.get_sblock("C")
         i, j, kk = sch.get_loops(block)
@@ -163,6 +167,19 @@ def test_workers_serve_the_next_batch(task, builder, runner):
                                               MeasureInput(task, cfg(8, 8, False))])
     assert [r.error_kind for r in results] == [None, "runtime_crash", None]
     assert all(r.all_cost > 0 and r.timestamp > 0 for r in results)
+
+
+def test_slow_candidates_keep_their_first_call(task, builder):
+    # once a batch has measured the workload, a candidate SLOW times slower than its best
+    # is timed by its checked first call alone; without slow_ratio, in full
+    for slow_ratio, n_costs in ((3.0, 1), (None, 2)):
+        with LocalRunner(number=2, repeat=2, min_repeat_ms=0, timeout_s=4,
+                         slow_ratio=slow_ratio) as runner:
+            fast, = measure_batch(builder, runner, [MeasureInput(task, cfg())])
+            slow, = measure_batch(builder, runner, [MeasureInput(task, cfg(fault="slow"))])
+        assert fast.ok and len(fast.costs_s) == 2
+        assert slow.ok and len(slow.costs_s) == n_costs, slow.costs_s
+        assert slow.cost > max(3 * fast.cost, CUTOFF_FLOOR_S)
 
 
 def test_measure_module_imports_without_tvm():

@@ -238,7 +238,7 @@ class DepthwiseNCHWcTemplate(_ConvBase):
 
 def _register_tile(ctx: ScheduleContext, config: Config, n, c_outer, oh, ow, c_block,
                    reduction: list, inner: list, kw) -> None:
-    """The loop nest both NCHWc templates share: parallel(n, c_outer, oh_o) / ow_o /
+    """The loop nest both NCHWc templates share: parallel(n, oh_o, c_outer) / ow_o /
     reduction / inner / oh_i, ow_i (unrolled register tile) / c_block (vectorized),
     the fused epilogue computed per tile."""
     sch, block = ctx.sch, ctx.block
@@ -255,8 +255,12 @@ def _register_tile(ctx: ScheduleContext, config: Config, n, c_outer, oh, ow, c_b
     acc = sch.cache_write(block, 0, "local")
     owo, owi = sch.split(ow, [None, owb])
     oho, ohi = sch.split(oh, [None, ohb])
-    sch.reorder(n, c_outer, oho, owo, *reduction, *inner, ohi, owi, c_block)
-    target, top = _tile_epilogue_parallel(sch, block, acc, owo, [n, c_outer, oho],
+    # Rows outside channel blocks: each core gets a band of output rows with all their
+    # channels, so consecutive layers split every activation the same way and a
+    # layer finds its input in the core's own L2 (channel-major order makes every
+    # core read every input row, half of it from the other core's cache).
+    sch.reorder(n, oho, c_outer, owo, *reduction, *inner, ohi, owi, c_block)
+    target, top = _tile_epilogue_parallel(sch, block, acc, owo, [n, oho, c_outer],
                                           math.prod(exts))
     if pad is not None and pad_mode == "rows":
         sch.compute_at(pad, top, preserve_unit_loops=True)

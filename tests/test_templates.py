@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import warnings
 
 import numpy as np
@@ -170,6 +171,19 @@ def test_winograd_kernel_structure():
     assert len(top) == 3 and all("T.parallel" in line for line in top), top
     assert script.count("pragma_loop_partition_hint") == 1  # 32 rows = 5 x 6 + 2
     assert script.index('T.sblock("winograd_output")') > script.index(top[2])
+
+
+@pytest.mark.parametrize("name", ["conv_a", "dw_a"])
+def test_conv_threads_split_rows_first(name):
+    """The parallel loop runs over (image, output row band, channel block) in that
+    order: each core computes whole rows of every layer, so the next layer finds its
+    input rows in that core's cache."""
+    task = _task(name)
+    script = task.build_primfunc(task.fallback_config()).script()
+    fused = re.findall(r"for (\w+)_fused in T\.parallel", script)
+    assert len(fused) == 1, fused
+    parts = fused[0].split("_")
+    assert parts[:3] == ["b", "y", "0"] and parts[3] in ("o", "cc"), parts
 
 
 @pytest.mark.parametrize("name", ["dense_c", "matmul_a", "bmm_nt", "conv_a", "conv_c",

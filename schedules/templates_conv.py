@@ -236,9 +236,22 @@ class DepthwiseNCHWcTemplate(_ConvBase):
         _register_tile(ctx, config, n, cc, oh, ow, cb, [kh, kw], [], kw)
 
 
+def _rows_first(sch, block) -> bool:
+    """Whether the cores split the output by rows (each core reads its band of the
+    input and the whole kernel) rather than by channel blocks (the whole input and its
+    share of the kernel): rows unless the kernel is the larger of the two. Split by
+    rows, consecutive layers also give each core the same band of every activation,
+    which it then finds in its own L2."""
+    reads = [r.source for r in sch.get(block).reads]
+    kernel = max(reads, key=lambda b: len(b.shape))
+    data = next(b for b in reads if len(b.shape) == 5 and not b.same_as(kernel))
+    return math.prod(int(d) for d in kernel.shape) <= math.prod(int(d) for d in data.shape)
+
+
 def _register_tile(ctx: ScheduleContext, config: Config, n, c_outer, oh, ow, c_block,
                    reduction: list, inner: list, kw) -> None:
-    """The loop nest both NCHWc templates share: parallel(n, oh_o, c_outer) / ow_o /
+    """The loop nest both NCHWc templates share: parallel(n, oh_o, c_outer) (or
+    n, c_outer, oh_o, see _rows_first) / ow_o /
     reduction / inner / oh_i, ow_i (unrolled register tile) / c_block (vectorized),
     the fused epilogue computed per tile."""
     sch, block = ctx.sch, ctx.block
@@ -255,13 +268,9 @@ def _register_tile(ctx: ScheduleContext, config: Config, n, c_outer, oh, ow, c_b
     acc = sch.cache_write(block, 0, "local")
     owo, owi = sch.split(ow, [None, owb])
     oho, ohi = sch.split(oh, [None, ohb])
-    # Rows outside channel blocks: each core gets a band of output rows with all their
-    # channels, so consecutive layers split every activation the same way and a
-    # layer finds its input in the core's own L2 (channel-major order makes every
-    # core read every input row, half of it from the other core's cache).
-    sch.reorder(n, oho, c_outer, owo, *reduction, *inner, ohi, owi, c_block)
-    target, top = _tile_epilogue_parallel(sch, block, acc, owo, [n, oho, c_outer],
-                                          math.prod(exts))
+    outer = [n, oho, c_outer] if _rows_first(sch, block) else [n, c_outer, oho]
+    sch.reorder(*outer, owo, *reduction, *inner, ohi, owi, c_block)
+    target, top = _tile_epilogue_parallel(sch, block, acc, owo, outer, math.prod(exts))
     if pad is not None and pad_mode == "rows":
         sch.compute_at(pad, top, preserve_unit_loops=True)
         vectorize_tail(sch, pad, ctx.lanes)

@@ -173,17 +173,22 @@ def test_winograd_kernel_structure():
     assert script.index('T.sblock("winograd_output")') > script.index(top[2])
 
 
-@pytest.mark.parametrize("name", ["conv_a", "dw_a"])
-def test_conv_threads_split_rows_first(name):
-    """The parallel loop runs over (image, output row band, channel block) in that
-    order: each core computes whole rows of every layer, so the next layer finds its
-    input rows in that core's cache."""
+@pytest.mark.parametrize("name, rows_first", [("conv_b", True), ("conv_c", True),
+                                              ("dw_a", True), ("conv_a", True),
+                                              ("conv_d", False)])
+def test_conv_threads_split_the_larger_operand(name, rows_first):
+    """The parallel loop runs over (image, output row band, channel block) when the
+    input is at least as large as the kernel (each core reads its band of the input,
+    and consecutive layers keep each band on one core), else over (image, channel
+    block, row band) so that each core reads its share of the kernel."""
     task = _task(name)
     script = task.build_primfunc(task.fallback_config()).script()
     fused = re.findall(r"for (\w+)_fused in T\.parallel", script)
     assert len(fused) == 1, fused
     parts = fused[0].split("_")
-    assert parts[:3] == ["b", "y", "0"] and parts[3] in ("o", "cc"), parts
+    channel = "cc" if name.startswith("dw") else "o"
+    expected = ["b", "y", "0", channel] if rows_first else ["b", channel, "y", "0"]
+    assert parts == expected, parts
 
 
 @pytest.mark.parametrize("name", ["dense_c", "matmul_a", "bmm_nt", "conv_a", "conv_c",

@@ -31,27 +31,34 @@ class XGBCostModel:
             "verbosity": 0,
         }
         self._booster: xgb.Booster | None = None
-        self._base: tuple[np.ndarray, np.ndarray] | None = None
+        self._base: tuple[np.ndarray, np.ndarray, list[int]] | None = None
 
     @property
     def trained(self) -> bool:
         return self._booster is not None
 
-    def pretrain(self, features: np.ndarray, throughputs: np.ndarray) -> None:
-        """Data from other tasks (transfer learning): kept and mixed into each fit."""
+    def pretrain(self, features: np.ndarray, throughputs: np.ndarray,
+                 groups: list[int] | None = None) -> None:
+        """Data from other tasks (transfer learning), `groups` rows per task (one group
+        if None): kept and mixed into each fit, and fitted alone right away so that
+        the first batch already follows it."""
         if len(features):
-            self._base = (features, throughputs)
+            self._base = (features, throughputs, list(groups or [len(features)]))
+            self.fit(np.zeros((0, features.shape[1]), dtype=features.dtype), np.zeros(0))
 
     def fit(self, features: np.ndarray, throughputs: np.ndarray) -> None:
         x, y = features, throughputs
+        groups = [len(x)] if len(x) else []
         if self._base is not None and self._base[0].shape[1] == x.shape[1]:
             x = np.concatenate([self._base[0], x])
             y = np.concatenate([self._base[1], y])
+            groups = self._base[2] + groups
         if len(x) < 2 or np.ptp(y) == 0:
             return  # nothing to rank yet
         dtrain = xgb.DMatrix(x, label=y)
         if self.loss == "rank":
-            dtrain.set_group([len(x)])
+            # pairs only within a task: throughputs of two workloads do not compare
+            dtrain.set_group(groups)
         self._booster = xgb.train(self.params, dtrain, num_boost_round=self.num_rounds)
 
     def predict(self, features: np.ndarray) -> np.ndarray:

@@ -41,7 +41,8 @@ from autotune.measure import (
     remove_built,
 )
 from autotune.records import Record, RecordWriter, exact_target_key, load_records, workload_key
-from autotune.tuner import Tuner, make_tuner
+from autotune.transfer import TransferSource
+from autotune.tuner import Tuner, XGBTuner, make_tuner
 from schedules.space import Config
 
 
@@ -122,6 +123,22 @@ def _resume(state: TaskState, records: list[Record], target: dict[str, Any]) -> 
     return len(configs)
 
 
+def _pretrain(states: Sequence[TaskState], records: list[Record], target: Any,
+              seed: int) -> int:
+    """Transfer learning for the xgb tasks that start without records of their own."""
+    fresh = [s for s in states if s.trials == 0 and isinstance(s.tuner, XGBTuner)]
+    if not fresh or not records:
+        return 0
+    source = TransferSource(records, target, seed)
+    done = 0
+    for state in fresh:
+        data = source.data_for(state.task, state.tuner.features.use_loop_features)
+        if data is not None:
+            state.tuner.pretrain(data.features, data.throughputs, data.groups)
+            done += 1
+    return done
+
+
 def tune_tasks(
     tasks: Sequence[Any],
     weights: Sequence[int],
@@ -138,10 +155,14 @@ def tune_tasks(
     runner_options: dict[str, Any] | None = None,
     verify_top: int = 4,
     verify_rounds: int = 3,
+    transfer: bool | str | Path | Sequence[str | Path] = True,
 ) -> list[TaskState]:
     """Tune `tasks` (weights: calls per task in the model) with `trials` measurements in
     all, appending to `records`; then re-measure each task's `verify_top` best configs
     and its fallback in `verify_rounds` interleaved rounds (0: no verification).
+    `transfer`: the xgb model of a task without records of its own is pre-trained on
+    the records of other workloads of its template, from `records` (True), also from
+    these files or folders, or not at all (False).
     Returns each task's state (tuner history, curve)."""
     if not tasks:
         return []
@@ -151,6 +172,12 @@ def tune_tasks(
     states = [TaskState(t, w, make_tuner(tuner, t, seed), estimate_flops(t))
               for t, w in zip(tasks, weights, strict=True)]
     resumed = sum(_resume(s, earlier, target) for s in states)
+    if transfer is not False:
+        extra = [] if transfer is True else load_records(transfer)[0]
+        pretrained = _pretrain(states, earlier + extra, target, seed)
+        if progress and pretrained:
+            print(f"pre-trained the cost model of {pretrained} task(s) on records of "
+                  "other workloads")
     budget = trials
     bar = tqdm(total=budget, disable=not progress, unit="trial", dynamic_ncols=True)
     options = {"number": 3, "repeat": 3, "min_repeat_ms": 20, "timeout_s": timeout_s}

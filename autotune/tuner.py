@@ -149,9 +149,11 @@ class XGBTuner(Tuner):
         self.sa_steps = sa_steps
         self.diversity = diversity
 
-    def pretrain(self, features: np.ndarray, throughputs: np.ndarray) -> None:
-        """Transfer learning from other workloads' records (same feature layout)."""
-        self.model.pretrain(features, throughputs)
+    def pretrain(self, features: np.ndarray, throughputs: np.ndarray,
+                 groups: list[int] | None = None) -> None:
+        """Transfer learning from other workloads' records (same feature layout,
+        `groups` rows per workload): the first batch then follows the model."""
+        self.model.pretrain(features, throughputs, groups)
 
     def update(self, configs: Sequence[Config], costs: Sequence[float]) -> None:
         costs_arr = np.array(self.history.costs)

@@ -158,14 +158,17 @@ def tune(
     verify_top: int = 4,
     verify_rounds: int = 3,
     winograd: bool = True,
+    transfer: bool | str | os.PathLike | Sequence[str | os.PathLike] = True,
 ) -> list:
     """Tune the kernels of `model` for `target` with `trials` measurements in all,
     appending every measurement to `records` (re-running on the same file resumes).
     Then each kernel's `verify_top` best configs and its untuned fallback are measured
     again in `verify_rounds` interleaved rounds (0: skip), and compile time decides by
     those rounds. `tecc.compile(model, ..., records=records)` then uses the best
-    configs. `winograd` as in compile. Returns the per-task tuning states (their
-    histories and best GFLOP/s)."""
+    configs. `winograd` as in compile. `transfer`: kernels without records of their own
+    start from a cost model pre-trained on the records of other workloads of the same
+    template, in `records` (True), also in these files or folders, or not (False).
+    Returns the per-task tuning states (their histories and best GFLOP/s)."""
     from autotune.tune import plot_curves, tune_tasks
     from schedules.tasks import extract_tasks
 
@@ -182,7 +185,7 @@ def tune(
                         early_stopping=early_stopping, timeout_s=timeout, seed=seed,
                         progress=progress, tecc_version=__version__,
                         tvm_version=tvm.__version__, verify_top=verify_top,
-                        verify_rounds=verify_rounds)
+                        verify_rounds=verify_rounds, transfer=transfer)
     if plot:
         plot_curves(states, plot)
     return states

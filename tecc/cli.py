@@ -48,7 +48,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
                        trials=args.trials, timeout=args.timeout, tuner=args.tuner,
                        early_stopping=args.early_stopping or None, plot=args.plot,
                        verify_top=args.verify_top, verify_rounds=args.verify_rounds,
-                       winograd=not args.no_winograd)
+                       winograd=not args.no_winograd,
+                       transfer=False if args.no_transfer else (args.transfer or True))
     print(f"{'task':28s} {'calls':>5s} {'trials':>6s} {'best GFLOP/s':>12s}")
     for s in states:
         print(f"{s.task.name:28s} {s.weight:5d} {s.trials:6d} {s.best_gflops:12.1f}")
@@ -153,6 +154,11 @@ def main(argv: list[str] | None = None) -> int:
                         "at the end (0: no verification)")
     p.add_argument("--verify-rounds", type=int, default=3,
                    help="interleaved rounds of that re-measurement")
+    p.add_argument("--transfer", nargs="+", metavar="RECORDS",
+                   help="also pre-train new kernels' cost models on these records (files "
+                        "or folders, e.g. tuning_logs/); the --records file always counts")
+    p.add_argument("--no-transfer", action="store_true",
+                   help="start every new kernel's cost model from scratch")
     p.set_defaults(func=cmd_tune)
 
     p = sub.add_parser("records", help="inspect, merge or pick the best tuning records")

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,6 +62,9 @@ def estimate_flops(task: Any) -> float:
         per_output = int(np.prod(w)) // (w[0] if call.op == "nn.conv2d" else w[0] * w[-1])
         return 2.0 * out * per_output
     return float(out)
+
+
+SCHEDULERS = ("gradient", "round_robin")
 
 
 @dataclass
@@ -156,6 +159,8 @@ def tune_tasks(
     verify_top: int = 4,
     verify_rounds: int = 3,
     transfer: bool | str | Path | Sequence[str | Path] = True,
+    scheduler: str = "gradient",
+    on_batch: Callable[[Sequence[TaskState], int], None] | None = None,
 ) -> list[TaskState]:
     """Tune `tasks` (weights: calls per task in the model) with `trials` measurements in
     all, appending to `records`; then re-measure each task's `verify_top` best configs
@@ -163,7 +168,11 @@ def tune_tasks(
     `transfer`: the xgb model of a task without records of its own is pre-trained on
     the records of other workloads of its template, from `records` (True), also from
     these files or folders, or not at all (False).
+    `scheduler`: "gradient" (see _pick) or "round_robin" (for comparison).
+    `on_batch(states, trials spent)` is called after every measured batch.
     Returns each task's state (tuner history, curve)."""
+    if scheduler not in SCHEDULERS:
+        raise ValueError(f"unknown scheduler {scheduler!r}; choose one of {SCHEDULERS}")
     if not tasks:
         return []
     target = tasks[0].target
@@ -183,45 +192,23 @@ def tune_tasks(
     options = {"number": 3, "repeat": 3, "min_repeat_ms": 20, "timeout_s": timeout_s}
     options.update(runner_options or {})
     started = time.perf_counter()
-    spent = 0
+
+    def after_batch(states: Sequence[TaskState], state: TaskState, spent: int, n: int) -> None:
+        if on_batch is not None:
+            on_batch(states, spent)
+        elapsed = time.perf_counter() - started
+        bar.update(n)
+        bar.set_postfix_str(f"{state.task.name}: {state.trials} trials, best "
+                            f"{state.best_gflops:.1f} GFLOP/s, "
+                            f"~{elapsed / spent * (budget - spent):.0f}s left")
+
     with RecordWriter(path, tecc_version, tvm_version) as writer, \
             LocalBuilder(n_parallel=2, timeout_s=max(timeout_s, 30.0)) as builder, \
             LocalRunner(**options) as runner:
-        while spent < budget:
-            state = _pick(states)
-            if state is None:
-                break
-            n = min(batch_size, budget - spent)
-            fresh = sum(1 for s in states if not s.done and (s.trials == 0
-                                                              or not s.fallback_measured))
-            if fresh and (state.trials == 0 or not state.fallback_measured):
-                # leave every untouched task (or unmeasured fallback) a first batch
-                n = max(1, min(n, (budget - spent) // fresh))
-            batch = state.tuner.next_batch(n)
-            if not state.fallback_measured:
-                # The fallback is measured first (also when resuming older records): a
-                # record must beat what an untuned compile gets, or it would slow it down.
-                fallback = state.tuner.space.get(state.fallback_index)
-                batch = [fallback] + [c for c in batch if c.index != fallback.index][:n - 1]
-            if not batch:
-                state.done = True
-                continue
-            results = measure_batch(builder, runner,
-                                    [MeasureInput(state.task, c) for c in batch], writer)
-            before = state.best_cost
-            state.tuner.record(batch, [r.cost if r.ok else math.inf for r in results])
-            state.trials += len(batch)
-            spent += len(batch)
-            if state.best_cost < before:
-                state.best_at = state.trials
-            state.curve.append((state.trials, state.best_gflops))
-            if state.tuner.exhausted or (early_stopping is not None
-                                         and state.trials - state.best_at >= early_stopping):
-                state.done = True
-            elapsed = time.perf_counter() - started
-            bar.update(len(batch))
-            bar.set_postfix_str(f"{state.task.name}: {state.trials} trials, best "
-                                f"{state.best_gflops:.1f} GFLOP/s, ~{elapsed / spent * (budget - spent):.0f}s left")
+        run_schedule(states, budget, batch_size,
+                     lambda state, batch: measure_batch(
+                         builder, runner, [MeasureInput(state.task, c) for c in batch], writer),
+                     scheduler, early_stopping, after_batch)
         bar.close()
         if verify_top > 0 and verify_rounds > 0:
             verify_best(states, builder, runner, writer, verify_top, verify_rounds, progress)
@@ -291,6 +278,69 @@ def _pick(states: list[TaskState]) -> TaskState | None:
         return s.weight * s.best_cost * (improvement + 0.2 * explore)
 
     return max(live, key=gain)
+
+
+def run_schedule(states: list[TaskState], budget: int, batch_size: int,
+                 measure: Callable[[TaskState, list[Config]], list[Any]],
+                 scheduler: str = "gradient", early_stopping: int | None = 128,
+                 after_batch: Callable[[Sequence[TaskState], TaskState, int, int], None]
+                 | None = None) -> int:
+    """Spend `budget` trials over the tasks, a batch at a time: the scheduler picks the
+    task, its tuner the configs, `measure(state, configs)` returns results with .ok
+    and .cost. Returns the trials spent."""
+    spent = 0
+    last: TaskState | None = None
+    while spent < budget:
+        state = _pick(states) if scheduler == "gradient" else _next_in_turn(states, last)
+        last = state
+        if state is None:
+            break
+        n = min(batch_size, budget - spent)
+        fresh = sum(1 for s in states if not s.done and (s.trials == 0
+                                                          or not s.fallback_measured))
+        if fresh and (state.trials == 0 or not state.fallback_measured):
+            # leave every untouched task (or unmeasured fallback) a first batch
+            n = max(1, min(n, (budget - spent) // fresh))
+        batch = state.tuner.next_batch(n)
+        if not state.fallback_measured:
+            # The fallback is measured first (also when resuming older records): a
+            # record must beat what an untuned compile gets, or it would slow it down.
+            fallback = state.tuner.space.get(state.fallback_index)
+            batch = [fallback] + [c for c in batch if c.index != fallback.index][:n - 1]
+        if not batch:
+            state.done = True
+            continue
+        results = measure(state, batch)
+        before = state.best_cost
+        state.tuner.record(batch, [r.cost if r.ok else math.inf for r in results])
+        state.trials += len(batch)
+        spent += len(batch)
+        if state.best_cost < before:
+            state.best_at = state.trials
+        state.curve.append((state.trials, state.best_gflops))
+        if state.tuner.exhausted or (early_stopping is not None
+                                     and state.trials - state.best_at >= early_stopping):
+            state.done = True
+        if after_batch is not None:
+            after_batch(states, state, spent, len(batch))
+    return spent
+
+
+def _next_in_turn(states: list[TaskState], last: TaskState | None) -> TaskState | None:
+    """Round-robin: the next live task after `last`, in task order."""
+    live = [s for s in states if not s.done]
+    if not live:
+        return None
+    if last is None:
+        return live[0]
+    after = [s for s in live if states.index(s) > states.index(last)]
+    return after[0] if after else live[0]
+
+
+def model_time_estimate(states: Sequence[TaskState]) -> float:
+    """Seconds per model run the tuned kernels add up to: weight x best time, summed
+    over the tasks measured so far (what the scheduler minimizes)."""
+    return sum(s.weight * s.best_cost for s in states if math.isfinite(s.best_cost))
 
 
 def plot_curves(states: Sequence[TaskState], path: str | Path) -> None:

@@ -37,9 +37,6 @@ class TransferData:
     throughputs: np.ndarray  # [n], per workload best = 1, failures 0
     groups: list[int]  # rows per source workload, in order
 
-    def __len__(self) -> int:
-        return len(self.throughputs)
-
 
 class TransferSource:
     """The records to transfer from, with features computed once per source workload
@@ -56,19 +53,17 @@ class TransferSource:
             self._by_template.setdefault(template, {}).setdefault(r.key, []).append(r)
         self._features: dict[str, tuple[np.ndarray, np.ndarray] | None] = {}
 
-    def workloads(self, template: str) -> int:
-        return len(self._by_template.get(template, {}))
-
     def data_for(self, task: Any, use_loop_features: bool = True) -> TransferData | None:
         """Pre-training data for `task` from the other workloads of its template whose
         features have the task's layout; None when there are none."""
-        template = task.workload.get("template")
+        by_key = self._by_template.get(task.workload.get("template"), {})
         own = workload_key(task.workload)
-        sources = {k: rs for k, rs in self._by_template.get(template, {}).items() if k != own}
+        sources = {k: rs for k, rs in by_key.items() if k != own}
         if not sources:
             return None
         dim = FeatureCache(task, use_loop_features).dim
-        per_workload = max(2, min(PER_WORKLOAD, PER_TEMPLATE // len(sources)))
+        # one share for every task of the template (features are cached per source)
+        per_workload = max(2, min(PER_WORKLOAD, PER_TEMPLATE // len(by_key)))
         feats, ys, groups = [], [], []
         for key in sorted(sources):
             got = self._source_features(key, sources[key], per_workload, use_loop_features)

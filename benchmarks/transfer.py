@@ -9,12 +9,9 @@ workloads of tuner_efficiency.py that have such records, in one run.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 from pathlib import Path
-
-import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -24,7 +21,7 @@ from autotune.transfer import TransferSource  # noqa: E402
 from autotune.tuner import make_tuner  # noqa: E402
 from benchmarks.common import host_line, write_table  # noqa: E402
 from benchmarks.ops_cpu import anchor_task, workloads  # noqa: E402
-from benchmarks.tuner_efficiency import CHECKPOINTS, SELECTED, at  # noqa: E402
+from benchmarks.tuner_efficiency import CHECKPOINTS, SELECTED, mean_gflops_at  # noqa: E402
 from schedules.target import resolve_target  # noqa: E402
 
 TUNERS = ("xgb_transfer", "xgb", "random")
@@ -63,8 +60,7 @@ def main() -> None:
                         batch_size=16)
                     curves[name].append(tuner.history.best_curve())
             for name in TUNERS:
-                gflops = [float(np.mean([wl["flops"] / at(c, m) / 1e9 if math.isfinite(at(c, m))
-                                         else 0.0 for c in curves[name]])) for m in marks]
+                gflops = mean_gflops_at(curves[name], wl["flops"], marks)
                 rows.append([wl["name"], name,
                              str(len(data.groups)) if name == "xgb_transfer" and data else "",
                              f"{prep_s:.0f}" if name == "xgb_transfer" else ""]

@@ -33,6 +33,7 @@ from schedules.target import resolve_target  # noqa: E402
 SELECTED = ["matmul_512", "matmul_1024", "conv_64x56_64_k3s1", "conv_128x28_128_k3s1",
             "conv_256x14_256_k3s1", "bert_dense_128x768x3072"]
 CHECKPOINTS = [16, 32, 64, 128, 256, 512, 1024, 2048]
+TUNERS = ("xgb", "random", "metaschedule")
 
 
 def build_without_intrinsics(mod, target, _params):
@@ -109,8 +110,15 @@ class CurveStore:
         tmp.replace(self.path)
 
 
-def table_rows(store: CurveStore, chosen: list[dict], flops: dict[str, float], trials: int,
-               seeds: int, marks: list[int]) -> list[list[str]]:
+def mean_gflops_at(curves: list[list[float]], flops: float, marks: list[int]) -> list[float]:
+    """Best GFLOP/s after each mark's trials, averaged over the curves (best seconds
+    after each trial); a curve with nothing measured by then counts 0."""
+    return [float(np.mean([flops / at(c, m) / 1e9 if math.isfinite(at(c, m)) else 0.0
+                           for c in curves])) for m in marks]
+
+
+def table_rows(store: CurveStore, chosen: list[dict], trials: int, seeds: int,
+               marks: list[int]) -> list[list[str]]:
     """Mean best GFLOP/s at each mark over the seeds the store holds at `trials`."""
     rows = []
     for wl in chosen:
@@ -119,12 +127,7 @@ def table_rows(store: CurveStore, chosen: list[dict], flops: dict[str, float], t
         curves = {t: [c for seed in range(seeds)
                       if (c := store.curve(name, t, seed, trials)) is not None]
                   for t in TUNERS}
-
-        def gflops(seconds: float) -> float:
-            return flops[name] / seconds / 1e9 if math.isfinite(seconds) else 0.0  # noqa: B023
-
-        mean_at = {t: [float(np.mean([gflops(at(c, m)) for c in cs])) for m in marks]
-                   for t, cs in curves.items() if cs}
+        mean_at = {t: mean_gflops_at(cs, wl["flops"], marks) for t, cs in curves.items() if cs}
         reach = ""
         if "xgb" in mean_at and "random" in mean_at:
             reach = next((str(m) for m, g in zip(marks, mean_at["xgb"], strict=True)
@@ -136,12 +139,10 @@ def table_rows(store: CurveStore, chosen: list[dict], flops: dict[str, float], t
     return rows
 
 
-TUNERS = ("xgb", "random", "metaschedule")
-
-
 def run_missing(args: argparse.Namespace, chosen: list[dict], tuners: list[str], target,
-                store: CurveStore, task_of) -> None:
+                store: CurveStore) -> None:
     """Measure the (workload, tuner, seed) curves the store does not hold yet."""
+    tasks: dict[str, object] = {}
     # seed by seed: the table covers every workload early and gains seeds as it runs
     with LocalBuilder(n_parallel=2, timeout_s=60) as builder, \
             LocalRunner(number=3, repeat=3, min_repeat_ms=30, timeout_s=20) as runner:
@@ -150,7 +151,9 @@ def run_missing(args: argparse.Namespace, chosen: list[dict], tuners: list[str],
                 for name in tuners:
                     if store.curve(wl["name"], name, seed, args.trials) is not None:
                         continue
-                    task = task_of(wl)
+                    if wl["name"] not in tasks:
+                        tasks[wl["name"]] = anchor_task(wl["func"], target)
+                    task = tasks[wl["name"]]
                     start = time.perf_counter()
                     if name == "metaschedule":
                         try:
@@ -188,18 +191,10 @@ def main() -> None:
     torch.set_num_threads(2)
     target = resolve_target("llvm")
     chosen = [w for w in workloads() if w["name"] in args.only.split(",")]
-    flops = {w["name"]: w["flops"] for w in chosen}
     marks = [c for c in CHECKPOINTS if c <= args.trials]
     store = CurveStore(args.curves or RESULTS / f"{args.output}_curves.json")
-    tasks: dict[str, object] = {}
-
-    def task_of(wl: dict):
-        if wl["name"] not in tasks:
-            tasks[wl["name"]] = anchor_task(wl["func"], target)
-        return tasks[wl["name"]]
-
     if not args.report:
-        run_missing(args, chosen, tuners, target, store, task_of)
+        run_missing(args, chosen, tuners, target, store)
     # torch is measured when the table is written (a second each), not hours earlier
     # under whatever else the machine ran then
     rng = np.random.default_rng(0)
@@ -213,7 +208,7 @@ def main() -> None:
         args.output, "Tuner efficiency: best GFLOP/s against trials (mean over seeds)",
         ["workload", "tuner", "seeds"] + [f"@{m}" for m in marks]
         + ["torch", f"@{marks[-1]} / torch", "xgb trials to random's best"],
-        table_rows(store, chosen, flops, args.trials, args.seeds, marks),
+        table_rows(store, chosen, args.trials, args.seeds, marks),
         [f"Host: {host_line()}; batches of 32 for tecc's tuners (one runner: candidates "
          "3x slower than the best of earlier batches are timed by one call), 64 for "
          "MetaSchedule (evolutionary search, its XGBoost model). Seeds: how many the "

@@ -161,6 +161,7 @@ def tune_tasks(
     transfer: bool | str | Path | Sequence[str | Path] = True,
     scheduler: str = "gradient",
     on_batch: Callable[[Sequence[TaskState], int], None] | None = None,
+    cache_flush: bool = False,
 ) -> list[TaskState]:
     """Tune `tasks` (weights: calls per task in the model) with `trials` measurements in
     all, appending to `records`; then re-measure each task's `verify_top` best configs
@@ -170,6 +171,9 @@ def tune_tasks(
     these files or folders, or not at all (False).
     `scheduler`: "gradient" (see _pick) or "round_robin" (for comparison).
     `on_batch(states, trials spent)` is called after every measured batch.
+    `cache_flush`: every timed call starts with the kernel's weights and outputs flushed
+    from the CPU caches (its first argument, the data, stays warm), as inside a model
+    whose weights do not all fit in cache; one call per timing.
     Returns each task's state (tuner history, curve)."""
     if scheduler not in SCHEDULERS:
         raise ValueError(f"unknown scheduler {scheduler!r}; choose one of {SCHEDULERS}")
@@ -190,6 +194,8 @@ def tune_tasks(
     budget = trials
     bar = tqdm(total=budget, disable=not progress, unit="trial", dynamic_ncols=True)
     options = {"number": 3, "repeat": 3, "min_repeat_ms": 20, "timeout_s": timeout_s}
+    if cache_flush:  # TVM flushes before each repeat: a repeat of one call is all cold
+        options.update(number=1, repeat=10, min_repeat_ms=0, cache_flush=True)
     options.update(runner_options or {})
     started = time.perf_counter()
 

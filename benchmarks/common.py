@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import platform
 import statistics
 import time
@@ -68,3 +69,37 @@ def write_table(name: str, title: str, header: list[str], rows: list[list[str]],
     print("\n".join(lines[len(notes) + 3:]))
     print(f"written to {path}")
     return path
+
+
+class CurveStore:
+    """Each finished (workload, tuner, seed) curve (best seconds after each trial), kept
+    in a JSON file written after every curve: the full matrix takes hours on this host,
+    so runs add to the file and skip the curves it already holds."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.data = json.loads(path.read_text()) if path.exists() else {}
+
+    def curve(self, workload: str, tuner: str, seed: int, trials: int) -> list[float] | None:
+        entry = self.data.get(workload, {}).get(tuner, {}).get(str(seed))
+        if entry is None or entry["trials"] < trials:
+            return None
+        return entry["best_s"][:trials]
+
+    def add(self, workload: str, tuner: str, seed: int, trials: int, curve: list[float]) -> None:
+        runs = self.data.setdefault(workload, {}).setdefault(tuner, {})
+        runs[str(seed)] = {"trials": trials, "best_s": [float(f"{c:.6g}") for c in curve]}
+        self.save()
+
+    def set_torch(self, workload: str, gflops: float) -> None:
+        self.data.setdefault(workload, {})["torch_gflops"] = round(gflops, 2)
+        self.save()
+
+    def torch(self, workload: str) -> float | None:
+        return self.data.get(workload, {}).get("torch_gflops")
+
+    def save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.data, indent=None, separators=(",", ":")) + "\n")
+        tmp.replace(self.path)

@@ -1,75 +1,160 @@
-"""Task scheduler: the model time its tuned kernels add up to (calls x best time,
-summed over the kernels) against trials spent, for tecc's gradient scheduler and
-round-robin, tuning the same model from empty records with the same tuner and seed,
-in one run.
+"""Task scheduler: tecc's gradient scheduler against round-robin, tuning the same model
+from empty records with the same tuner, budget and seed.
 
-    python benchmarks/scheduler.py [--model resnet18] [--trials 640] [--seeds 1]
+Two figures per run: the model time its tuned kernels add up to (calls x best
+measured time, summed over the kernels) against trials spent, and, at the end, the
+model compiled with each run's records and timed end to end (the two compiled models
+of a seed and the untuned one in the same interleaved rounds, so the comparison does
+not rest on the tuner's own, noisy, best-of measurements).
+
+    python benchmarks/scheduler.py [--model resnet18] [--trials 640] [--seeds 3]
+
+Finished runs (their curves, records and timings) are kept, so a re-run does only
+what is missing: the records under --work, the curves and timings in
+results/<output>_runs.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import benchmarks.models_factory as models  # noqa: E402
+import tecc  # noqa: E402
 from autotune.tune import SCHEDULERS, model_time_estimate, tune_tasks  # noqa: E402
-from benchmarks.common import host_line, write_table  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    RESULTS,
+    CurveStore,
+    host_line,
+    interleaved_ms,
+    write_table,
+)
 from schedules.tasks import extract_tasks  # noqa: E402
 from tecc.api import _graph, task_weights  # noqa: E402
+
+BATCH = 16
+WORK = Path(__file__).resolve().parent / ".work" / "scheduler"
+
+
+def estimate_curve(batches: list[tuple[int, float]], trials: int) -> list[float]:
+    """Model-time estimate after each trial, from the (trials spent, estimate) of each
+    finished batch; nan until every task has been measured (before, the estimate
+    leaves unmeasured tasks out and is not comparable)."""
+    curve, value, ends = [], math.nan, dict(batches)
+    for spent in range(1, trials + 1):
+        value = ends.get(spent, value)
+        curve.append(value)
+    return curve
+
+
+def tune_run(tasks, weights, records: Path, trials: int, scheduler: str,
+             seed: int) -> list[float]:
+    batches: list[tuple[int, float]] = []
+
+    def after(states, spent: int) -> None:
+        complete = all(math.isfinite(s.best_cost) for s in states)
+        batches.append((spent, model_time_estimate(states) if complete else math.nan))
+
+    records.unlink(missing_ok=True)  # a run cut short is redone, not resumed
+    tune_tasks(tasks, weights, records, trials, batch_size=BATCH, seed=seed, progress=False,
+               verify_top=0, transfer=False, scheduler=scheduler, on_batch=after)
+    return estimate_curve(batches, trials)
+
+
+def time_compiled(model, inputs, records: dict[str, Path]) -> dict[str, float]:
+    """Median ms of the model compiled with each records file, and untuned, measured in
+    the same interleaved rounds."""
+    np_inputs = [x.numpy() for x in inputs]
+    compiled = {name: tecc.compile(model, inputs, records=str(path))
+                for name, path in records.items()}
+    compiled["untuned"] = tecc.compile(model, inputs)
+    return interleaved_ms({name: (lambda cm=cm: cm(*np_inputs))
+                           for name, cm in compiled.items()}, rounds=11)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--model", default="resnet18")
     parser.add_argument("--trials", type=int, default=640)
-    parser.add_argument("--seeds", type=int, default=1)
+    parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--output", default="scheduler")
+    parser.add_argument("--work", type=Path, default=WORK,
+                        help="folder for the runs' tuning records")
+    parser.add_argument("--report", action="store_true",
+                        help="measure nothing: write the table of the finished runs")
     args = parser.parse_args()
+    torch.set_num_threads(2)
     model, inputs = getattr(models, args.model)()
     _, partitioned, _, _, target = _graph(model, inputs, "llvm", 3, None, None, {})
     tasks = extract_tasks(partitioned, target)
     weights = task_weights(partitioned, target, tasks)
-    marks = [args.trials * q // 4 for q in (1, 2, 3, 4)]
-    rows, finals = [], []
-    for scheduler in SCHEDULERS:
-        at_marks: list[list[float]] = []
-        for seed in range(args.seeds):
-            curve: dict[int, float] = {}
+    store = CurveStore(RESULTS / f"{args.output}_runs.json")
+    run_name = f"{args.model}@{args.trials}"
+    timings = store.data.setdefault(run_name, {}).setdefault("measured_ms", {})
+    args.work.mkdir(parents=True, exist_ok=True)
+    for seed in range(args.seeds if not args.report else 0):
+        records = {s: args.work / f"{args.model}_{args.trials}_{s}_seed{seed}.jsonl"
+                   for s in SCHEDULERS}
+        for scheduler in SCHEDULERS:
+            if store.curve(run_name, scheduler, seed, args.trials) is not None \
+                    and records[scheduler].exists():
+                continue
             start = time.perf_counter()
-            with tempfile.TemporaryDirectory() as tmp:
-                tune_tasks(tasks, weights, Path(tmp) / "records.jsonl", args.trials,
-                           batch_size=16, seed=seed, progress=False, verify_top=0,
-                           transfer=False, scheduler=scheduler,
-                           on_batch=lambda states, spent: curve.__setitem__(  # noqa: B023
-                               spent, model_time_estimate(states)))
-            spent = sorted(curve)
-            # nan: no batch had finished by that mark
-            at_marks.append([curve[max(done)] * 1e3 if (done := [s for s in spent if s <= m])
-                             else float("nan") for m in marks])
-            print(f"{scheduler} seed {seed}: {at_marks[-1][-1]:.2f} ms "
+            timings.pop(str(seed), None)  # its records change: time them again
+            curve = tune_run(tasks, weights, records[scheduler], args.trials, scheduler, seed)
+            store.add(run_name, scheduler, seed, args.trials, curve)
+            print(f"{scheduler} seed {seed}: estimate {curve[-1] * 1e3:.2f} ms "
                   f"({time.perf_counter() - start:.0f}s)", flush=True)
-        means = np.mean(at_marks, axis=0)
-        finals.append(means[-1])
-        rows.append([args.model, scheduler] + [f"{v:.3f}" if np.isfinite(v) else "-"
-                                               for v in means])
-    for row, final in zip(rows, finals, strict=True):  # SCHEDULERS[1] is round-robin
-        row.append(f"{finals[1] / final:.2f}x")
+        if str(seed) not in timings:
+            timings[str(seed)] = {k: float(f"{v:.5g}") for k, v in
+                                  time_compiled(model, inputs, records).items()}
+            store.save()
+            print(f"seed {seed} compiled: {timings[str(seed)]}", flush=True)
+    write_report(args, store, run_name, len(tasks))
+
+
+def write_report(args: argparse.Namespace, store: CurveStore, run_name: str,
+                 n_tasks: int) -> None:
+    marks = [args.trials * q // 4 for q in (1, 2, 3, 4)]
+    timings = store.data.get(run_name, {}).get("measured_ms", {})
+    seeds = sorted(int(s) for s in timings)
+    if not seeds:
+        print(f"no finished run of {run_name} in {store.path}")
+        return
+    rows = []
+    for scheduler in SCHEDULERS:
+        curves = [store.curve(run_name, scheduler, s, args.trials) for s in seeds]
+        estimate = [np.mean([c[m - 1] for c in curves]) * 1e3 for m in marks]
+        measured = [timings[str(s)][scheduler] for s in seeds]
+        speedup = [timings[str(s)]["round_robin"] / timings[str(s)][scheduler] for s in seeds]
+        rows.append([args.model, scheduler, str(len(seeds))]
+                    + [f"{v:.3f}" if np.isfinite(v) else "-" for v in estimate]
+                    + [f"{np.mean(measured):.3f}",
+                       " ".join(f"{x:.3f}" for x in measured),
+                       " ".join(f"{x:.2f}x" for x in speedup)])
+    untuned = [timings[str(s)]["untuned"] for s in seeds]
     write_table(
-        args.output, "Task scheduler: estimated model time (ms) against trials",
-        ["model", "scheduler"] + [f"@{m}" for m in marks] + ["round-robin / this, at the end"],
+        args.output, "Task scheduler: gradient against round-robin on a whole model",
+        ["model", "scheduler", "seeds"] + [f"estimate @{m} (ms)" for m in marks]
+        + ["compiled model (ms, mean)", "per seed (ms)", "round-robin / this, per seed"],
         rows,
-        [f"Host: {host_line()}; {len(tasks)} tasks, xgb tuner, batches of 16, no transfer "
-         f"and no verification, {args.seeds} seed(s). Model time: calls x best measured "
-         "time, summed over the kernels (each task's first batch starts with its fallback).",
+        [f"Host: {host_line()}; {n_tasks} tasks, xgb tuner, batches of {BATCH}, no "
+         "transfer and no verification, the same seeds for both schedulers.",
+         "Estimate: calls x best measured time, summed over the kernels, mean over the "
+         "seeds ('-': some task not measured yet). Compiled model: the model compiled "
+         "with the run's records, median of interleaved rounds with the other "
+         f"scheduler's model and the untuned one ({np.mean(untuned):.3f} ms untuned).",
          f"Command: `python benchmarks/scheduler.py --model {args.model} --trials "
-         f"{args.trials} --seeds {args.seeds}`."],
+         f"{args.trials} --seeds {args.seeds}` (runs kept in `{store.path.name}`).",
+         ],
     )
 
 

@@ -26,7 +26,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from autotune.measure import LocalBuilder, LocalRunner, MeasureInput, measure_batch  # noqa: E402
 from autotune.tuner import make_tuner  # noqa: E402
-from benchmarks.common import RESULTS, host_line, median_ms, write_table  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    RESULTS,
+    CurveStore,
+    host_line,
+    median_ms,
+    write_table,
+)
 from benchmarks.ops_cpu import anchor_task, workloads  # noqa: E402
 from schedules.target import resolve_target  # noqa: E402
 
@@ -74,40 +80,6 @@ def metaschedule_curve(task, trials: int, target, seed: int) -> list[float]:
 
 def at(curve: list[float], n: int) -> float:
     return curve[min(n, len(curve)) - 1] if curve else math.inf
-
-
-class CurveStore:
-    """Each finished (workload, tuner, seed) curve (best seconds after each trial), kept
-    in a JSON file written after every curve: the full matrix takes hours on this host,
-    so runs add to the file and skip the curves it already holds."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.data = json.loads(path.read_text()) if path.exists() else {}
-
-    def curve(self, workload: str, tuner: str, seed: int, trials: int) -> list[float] | None:
-        entry = self.data.get(workload, {}).get(tuner, {}).get(str(seed))
-        if entry is None or entry["trials"] < trials:
-            return None
-        return entry["best_s"][:trials]
-
-    def add(self, workload: str, tuner: str, seed: int, trials: int, curve: list[float]) -> None:
-        runs = self.data.setdefault(workload, {}).setdefault(tuner, {})
-        runs[str(seed)] = {"trials": trials, "best_s": [float(f"{c:.6g}") for c in curve]}
-        self.save()
-
-    def set_torch(self, workload: str, gflops: float) -> None:
-        self.data.setdefault(workload, {})["torch_gflops"] = round(gflops, 2)
-        self.save()
-
-    def torch(self, workload: str) -> float | None:
-        return self.data.get(workload, {}).get("torch_gflops")
-
-    def save(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.data, indent=None, separators=(",", ":")) + "\n")
-        tmp.replace(self.path)
 
 
 def mean_gflops_at(curves: list[list[float]], flops: float, marks: list[int]) -> list[float]:

@@ -159,6 +159,7 @@ def tune(
     verify_rounds: int = 3,
     winograd: bool = True,
     transfer: bool | str | os.PathLike | Sequence[str | os.PathLike] = True,
+    cache_flush: bool = False,
 ) -> list:
     """Tune the kernels of `model` for `target` with `trials` measurements in all,
     appending every measurement to `records` (re-running on the same file resumes).
@@ -168,6 +169,8 @@ def tune(
     configs. `winograd` as in compile. `transfer`: kernels without records of their own
     start from a cost model pre-trained on the records of other workloads of the same
     template, in `records` (True), also in these files or folders, or not (False).
+    `cache_flush`: time every call with the kernel's weights flushed from the CPU caches
+    (for models whose weights do not fit in cache; keep such records in their own file).
     Returns the per-task tuning states (their histories and best GFLOP/s)."""
     from autotune.tune import plot_curves, tune_tasks
     from schedules.tasks import extract_tasks
@@ -185,7 +188,8 @@ def tune(
                         early_stopping=early_stopping, timeout_s=timeout, seed=seed,
                         progress=progress, tecc_version=__version__,
                         tvm_version=tvm.__version__, verify_top=verify_top,
-                        verify_rounds=verify_rounds, transfer=transfer)
+                        verify_rounds=verify_rounds, transfer=transfer,
+                        cache_flush=cache_flush)
     if plot:
         plot_curves(states, plot)
     return states

@@ -49,7 +49,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
                        early_stopping=args.early_stopping or None, plot=args.plot,
                        verify_top=args.verify_top, verify_rounds=args.verify_rounds,
                        winograd=not args.no_winograd,
-                       transfer=False if args.no_transfer else (args.transfer or True))
+                       transfer=False if args.no_transfer else (args.transfer or True),
+                       cache_flush=args.cache_flush)
     print(f"{'task':28s} {'calls':>5s} {'trials':>6s} {'best GFLOP/s':>12s}")
     for s in states:
         print(f"{s.task.name:28s} {s.weight:5d} {s.trials:6d} {s.best_gflops:12.1f}")
@@ -159,6 +160,9 @@ def main(argv: list[str] | None = None) -> int:
                         "or folders, e.g. tuning_logs/); the --records file always counts")
     p.add_argument("--no-transfer", action="store_true",
                    help="start every new kernel's cost model from scratch")
+    p.add_argument("--cache-flush", action="store_true",
+                   help="time kernels with their weights flushed from the CPU caches, as "
+                        "in a model whose weights do not fit in cache (CPU targets)")
     p.set_defaults(func=cmd_tune)
 
     p = sub.add_parser("records", help="inspect, merge or pick the best tuning records")

@@ -225,3 +225,11 @@ def test_worker_pool_survives_its_jobs():
         assert with_pool.restarts == 2
     finally:
         with_pool.close()
+
+
+def test_cache_flush_times_every_call_cold(task, builder):
+    # one call per repeat, each after TVM flushed the non-data arguments
+    with LocalRunner(number=1, repeat=3, min_repeat_ms=0, timeout_s=4,
+                     cache_flush=True) as cold:
+        result, = measure_batch(builder, cold, [MeasureInput(task, cfg())])
+    assert result.ok and len(result.costs_s) == 3 and all(c > 0 for c in result.costs_s)

@@ -217,3 +217,24 @@ def test_tuned_records_are_applied(tmp_path):
     x = torch.randn(inputs[0].shape)
     with torch.no_grad():
         assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+
+
+def test_cache_flush_reaches_the_runner(tmp_path, monkeypatch):
+    import autotune.tune
+
+    made: list[dict] = []
+
+    class SpyRunner(autotune.tune.LocalRunner):
+        def __init__(self, **options):
+            made.append(options)
+            super().__init__(**options)
+
+    monkeypatch.setattr(autotune.tune, "LocalRunner", SpyRunner)
+    model, inputs = mlp_example()
+    for flush in (False, True):
+        states = tecc.tune(model, inputs, records=tmp_path / f"{flush}.jsonl", trials=3,
+                           tuner="random", batch_size=3, progress=False, verify_top=0,
+                           cache_flush=flush)
+        assert all(math.isfinite(s.best_cost) for s in states if s.trials)
+    assert [o.get("cache_flush", False) for o in made] == [False, True]
+    assert made[1]["number"] == 1 and made[1]["min_repeat_ms"] == 0

@@ -228,7 +228,15 @@ class _Converter:
             return expr
         key = (id(expr), want)
         if key not in self.transformed:
-            if isinstance(expr, Constant):
+            if {block, want} == {None, 1}:
+                # NCHW and NCHW1c are the same bytes: a reshape, which is no kernel
+                # (a conv reading few channels, the RGB input, reads it in place)
+                shape = tuple(expr.shape)
+                newshape = shape + (1,) if want == 1 else shape[:-1]
+                self.transformed[key] = (Constant(expr.data.reshape(newshape))
+                                         if isinstance(expr, Constant) else
+                                         Call("reshape", [expr], {"newshape": newshape}))
+            elif isinstance(expr, Constant):
                 data = layout_transform_numpy(expr.data, layout_name(block), layout_name(want))
                 self.transformed[key] = Constant(data)
             else:

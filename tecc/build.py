@@ -119,6 +119,7 @@ def build(
     params: dict[str, np.ndarray] = {}
     steps: list[Step] = []
     kernel_calls: list[tuple[str, list[int]] | None] = []
+    view_of: dict[int, int] = {}  # a reshape of an input or a param -> that tensor
 
     def new_tensor(shape: tuple[int, ...], dtype: str, kind: str) -> int:
         tensors.append({"id": len(tensors), "shape": list(shape), "dtype": dtype, "kind": kind})
@@ -153,10 +154,15 @@ def build(
             outs = [new_tensor(t.shape, t.dtype, "intermediate") for t in out_types]
             args = [tensor_of[id(a)] for a in node.args]
             tensor_of[id(node)] = outs if isinstance(node.ty, TupleType) else outs[0]
-            if _is_reshape_only(prim) and tensors[args[0]]["kind"] == "intermediate":
+            if _is_reshape_only(prim):
                 # A view of its input's bytes: no kernel at all.
-                steps.append(Step(args, outs, alias={outs[0]: args[0]}))
-                kernel_calls.append(None)
+                if tensors[args[0]]["kind"] == "intermediate":
+                    steps.append(Step(args, outs, alias={outs[0]: args[0]}))
+                    kernel_calls.append(None)
+                    continue
+                # of a model input or a param (e.g. NCHW -> NCHW1c): that buffer's view
+                view_of[outs[0]] = view_of.get(args[0], args[0])
+                tensors[outs[0]]["kind"] = "view"
                 continue
             digest = structural_digest(prim)
             if digest not in kernel_by_digest:
@@ -189,10 +195,12 @@ def build(
     for t in tensors:
         if t["id"] in memory.storage_of:
             t["storage"] = memory.storage_of[t["id"]]
-        else:  # inputs and params keep their own buffers
+        elif t["id"] not in view_of:  # inputs and params keep their own buffers
             t["storage"] = len(storages)
             storages.append({"id": len(storages), "nbytes": max(_nbytes(t), 1)})
         t["offset"] = 0
+    for view, source in view_of.items():
+        tensors[view]["storage"] = tensors[source]["storage"]
 
     with target:
         executable = tvm.compile(tvm.IRModule(prim_funcs), target=target)

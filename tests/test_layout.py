@@ -124,6 +124,25 @@ def test_consecutive_convs_keep_the_layout_and_odd_channels_stay_nchw():
     np.testing.assert_allclose(run(new, [xv]), run(func, [xv]), rtol=1e-4, atol=1e-5)
 
 
+def test_rgb_input_read_in_place_with_a_one_channel_block():
+    # a config with ic_bn 1 reads the NCHW input as NCHW1c: a reshape, no kernel
+    x = Var("x", TensorType((1, 3, 32, 32), "float32"))
+    func = Function([x], Call("relu", [conv(conv(x, 16, 1, stride=2), 16, 2)]),
+                    {LANES_ATTR: 8})
+    new = make_convert_layout(conv_blocks_fn=lambda c, xb, tile: (1, 16)
+                              if c.args[0].shape[1] == 3 else None)(func)
+    assert not calls(new, "layout_transform")[:-1]  # only the output's, back to NCHW
+    first = calls(new, "nn.conv2d_NCHWc")[0]
+    assert first.attrs["data_layout"] == "NCHW1c"
+    assert first.args[0].op == "reshape" and first.args[0].args[0] is x
+    xv = rand((1, 3, 32, 32), 6)
+    np.testing.assert_allclose(run(new, [xv]), run(func, [xv]), rtol=1e-4, atol=1e-5)
+    fused = fuse_ops(new)
+    result = build(fused, TARGET, ["x"], ["out"], {})
+    kernels = [k["name"] for k in result.plan["kernels"]]
+    assert len(kernels) == 3 and not any("reshape" in k for k in kernels), kernels
+
+
 def test_differing_blocks_get_one_transform():
     x = Var("x", TensorType((1, 16, 8, 8), "float32"))
     a, b = conv(x, 32, 1), conv(x, 32, 2, k=1)

@@ -264,9 +264,21 @@ def _verify_candidates(state: TaskState, top: int) -> list[Config]:
     return list(picked.values()) if len(picked) > 1 else []
 
 
+# Ansor's task scheduler (Zheng et al., OSDI 2020, section 6), its default constants:
+# the weight of the recent improvement against the forward-looking estimate, and how
+# far below the best throughput of its kind a task is still thought to have room.
+GRADIENT_ALPHA = 0.2
+GRADIENT_BETA = 2.0
+GRADIENT_WINDOW = 32  # trials over which the recent improvement is taken
+
+
 def _pick(states: list[TaskState]) -> TaskState | None:
-    """The next task to measure: first every task once, then the task with the largest
-    expected drop of its weighted time (weight x best time x recent improvement)."""
+    """The next task to measure: first every task once, then the task whose weighted
+    time is expected to drop the most per trial. As in Ansor, that expectation mixes
+    the task's recent drop per trial with a forward-looking one: the larger of its
+    time spread over the trials it has had (a task measured little may still drop a
+    lot) and its distance to 1/beta of the best throughput a task of its template
+    reached (a layer far slower than its kind has room)."""
     live = [s for s in states if not s.done]
     if not live:
         return None
@@ -274,14 +286,20 @@ def _pick(states: list[TaskState]) -> TaskState | None:
              or not s.fallback_measured]
     if fresh:
         return fresh[0]
+    peak: dict[str, float] = {}  # template -> best FLOP/s of its tasks
+    for s in states:
+        if math.isfinite(s.best_cost) and s.best_cost > 0:
+            template = s.task.workload.get("template", "")
+            peak[template] = max(peak.get(template, 0.0), s.flops / s.best_cost)
 
     def gain(s: TaskState) -> float:
-        window = s.tuner.history.best_curve()[-32:]
-        improvement = (window[0] - window[-1]) / window[0] if window and math.isfinite(
-            window[0]) else 1.0
-        # Optimism for tasks measured little: they may still drop a lot.
-        explore = 1.0 / math.sqrt(1 + s.trials)
-        return s.weight * s.best_cost * (improvement + 0.2 * explore)
+        window = s.tuner.history.best_curve()[-GRADIENT_WINDOW:]
+        recent = ((window[0] - window[-1]) / len(window)
+                  if len(window) > 1 and math.isfinite(window[0]) else 0.0)
+        best_flops = peak.get(s.task.workload.get("template", ""), 0.0)
+        room = s.best_cost - GRADIENT_BETA * s.flops / best_flops if best_flops else 0.0
+        forward = max(s.best_cost / max(1, s.trials), room)
+        return s.weight * (GRADIENT_ALPHA * recent + (1 - GRADIENT_ALPHA) * forward)
 
     return max(live, key=gain)
 

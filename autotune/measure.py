@@ -222,9 +222,17 @@ class _Worker:
     def start(self, start_timeout_s: float) -> None:
         parent, child = self._ctx.Pipe(duplex=True)
         # daemon: a worker never outlives the tuner, even when it is killed
-        self.proc = self._ctx.Process(target=_worker_main, args=(child, self._env, self._warm),
-                                      daemon=True, name="tecc-measure-worker")
-        self.proc.start()
+        proc = self._ctx.Process(target=_worker_main, args=(child, self._env, self._warm),
+                                 daemon=True, name="tecc-measure-worker")
+        try:
+            proc.start()
+        except BaseException:
+            # e.g. spawn refusing a script without `if __name__ == "__main__":`; that
+            # error is the one to see, not a failed clean-up of a process never started
+            parent.close()
+            child.close()
+            raise
+        self.proc = proc
         child.close()  # our copy: the pipe then reads EOF when the worker dies
         self.conn = parent
         self.state = "starting"

@@ -233,3 +233,27 @@ def test_cache_flush_times_every_call_cold(task, builder):
                      cache_flush=True) as cold:
         result, = measure_batch(builder, cold, [MeasureInput(task, cfg())])
     assert result.ok and len(result.costs_s) == 3 and all(c > 0 for c in result.costs_s)
+
+
+def test_a_worker_that_cannot_start_reports_why():
+    # spawn can refuse (a script without a __main__ guard): that error reaches the
+    # caller, and cleaning up the worker afterwards is a no-op
+    import multiprocessing
+
+    from autotune.measure import _Worker
+
+    class Refusing:
+        Pipe = staticmethod(multiprocessing.get_context("spawn").Pipe)
+
+        class Process:
+            def __init__(self, **kwargs):
+                pass
+
+            def start(self):
+                raise RuntimeError("bootstrapping")
+
+    worker = _Worker(Refusing(), {}, [])
+    with pytest.raises(RuntimeError, match="bootstrapping"):
+        worker.start(1.0)
+    worker.kill()
+    assert worker.proc is None and worker.state == "down"

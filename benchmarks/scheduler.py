@@ -80,6 +80,32 @@ def time_compiled(model, inputs, records: dict[str, Path]) -> dict[str, float]:
                            for name, cm in compiled.items()}, rounds=11)
 
 
+def run_missing(args: argparse.Namespace, store: CurveStore, run_name: str, model, inputs,
+                tasks, weights) -> None:
+    """Tune the (scheduler, seed) runs the store does not hold yet, and time the
+    compiled models of every seed whose records changed or were never timed."""
+    timings = store.data.setdefault(run_name, {}).setdefault("measured_ms", {})
+    args.work.mkdir(parents=True, exist_ok=True)
+    for seed in range(args.seeds):
+        records = {s: args.work / f"{args.model}_{args.trials}_{s}_seed{seed}.jsonl"
+                   for s in SCHEDULERS}
+        for scheduler in SCHEDULERS:
+            if store.curve(run_name, scheduler, seed, args.trials) is not None \
+                    and records[scheduler].exists():
+                continue
+            start = time.perf_counter()
+            timings.pop(str(seed), None)  # its records change: time them again
+            curve = tune_run(tasks, weights, records[scheduler], args.trials, scheduler, seed)
+            store.add(run_name, scheduler, seed, args.trials, curve)
+            print(f"{scheduler} seed {seed}: estimate {curve[-1] * 1e3:.2f} ms "
+                  f"({time.perf_counter() - start:.0f}s)", flush=True)
+        if str(seed) not in timings:
+            timings[str(seed)] = {k: float(f"{v:.5g}") for k, v in
+                                  time_compiled(model, inputs, records).items()}
+            store.save()
+            print(f"seed {seed} compiled: {timings[str(seed)]}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--model", default="resnet18")
@@ -98,26 +124,8 @@ def main() -> None:
     weights = task_weights(partitioned, target, tasks)
     store = CurveStore(RESULTS / f"{args.output}_runs.json")
     run_name = f"{args.model}@{args.trials}"
-    timings = store.data.setdefault(run_name, {}).setdefault("measured_ms", {})
-    args.work.mkdir(parents=True, exist_ok=True)
-    for seed in range(args.seeds if not args.report else 0):
-        records = {s: args.work / f"{args.model}_{args.trials}_{s}_seed{seed}.jsonl"
-                   for s in SCHEDULERS}
-        for scheduler in SCHEDULERS:
-            if store.curve(run_name, scheduler, seed, args.trials) is not None \
-                    and records[scheduler].exists():
-                continue
-            start = time.perf_counter()
-            timings.pop(str(seed), None)  # its records change: time them again
-            curve = tune_run(tasks, weights, records[scheduler], args.trials, scheduler, seed)
-            store.add(run_name, scheduler, seed, args.trials, curve)
-            print(f"{scheduler} seed {seed}: estimate {curve[-1] * 1e3:.2f} ms "
-                  f"({time.perf_counter() - start:.0f}s)", flush=True)
-        if str(seed) not in timings:
-            timings[str(seed)] = {k: float(f"{v:.5g}") for k, v in
-                                  time_compiled(model, inputs, records).items()}
-            store.save()
-            print(f"seed {seed} compiled: {timings[str(seed)]}", flush=True)
+    if not args.report:
+        run_missing(args, store, run_name, model, inputs, tasks, weights)
     write_report(args, store, run_name, len(tasks))
 
 

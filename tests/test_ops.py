@@ -146,3 +146,20 @@ def test_numpy_in_numpy_out():
     out = compiled(inputs[0].numpy())
     assert isinstance(out, np.ndarray)
     np.testing.assert_allclose(out, module(*inputs).detach().numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_fast_math_keeps_the_edges_of_exp_tanh_and_softmax():
+    """exp, tanh and softmax run as vectorized polynomials in float32: still inf where
+    exp overflows, NaN for NaN, and masked (-inf) logits get no probability."""
+    class Edges(torch.nn.Module):
+        def forward(self, x, logits):
+            return torch.exp(x), torch.tanh(x), torch.softmax(logits, -1)
+
+    x = torch.tensor([[0.0, -1.0, 1.5, 88.0, 88.8, 100.0, -100.0, float("nan"),
+                       float("inf"), -float("inf"), 20.0, -20.0, 0.3, -7.5, 4e-4, 9.5]])
+    logits = randn(3, 16) * 4
+    logits[:, ::3] = -float("inf")
+    module = Edges()
+    compiled = tecc.compile(module, (randn(1, 16), randn(3, 16)))
+    for got, want in zip(compiled(x, logits), module(x, logits), strict=True):
+        np.testing.assert_allclose(np.asarray(got), want.numpy(), rtol=1e-5, atol=1e-30)

@@ -112,7 +112,8 @@ def _c(v: float, dtype: str) -> tvm.tirx.PrimExpr:
 
 
 # erf, exp and tanh as polynomials (topi.fast_erf, fast_exp, fast_tanh: within 3.3e-7
-# relative error of float64 over [-20, 20] in float32, see the README): they vectorize, where tirx.erf / exp / tanh are a scalar libm call per element (half of
+# relative error of float64 over [-20, 20] in float32, see the README): they
+# vectorize, where tirx.erf / exp / tanh are a scalar libm call per element (half of
 # a BERT intermediate dense layer's time went to its gelu epilogue, a fifth of a
 # MobileNet's to its silu epilogues; 113K elements on 2 AVX2 cores: exp 283 us libm,
 # 50 fast; tanh 656 and 44; relu 27). fast_exp keeps inf above log(FLT_MAX) and NaN.

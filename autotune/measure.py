@@ -34,7 +34,6 @@ import multiprocessing.connection
 import os
 import shutil
 import signal
-import statistics
 import tempfile
 import time
 import traceback
@@ -47,7 +46,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from autotune.records import Record, RecordWriter, workload_key
+from autotune.records import Record, RecordWriter, Timed, workload_key
 
 if TYPE_CHECKING:
     import tvm
@@ -90,19 +89,11 @@ class BuildResult:
 
 
 @dataclass
-class MeasureResult:
+class MeasureResult(Timed):
     costs_s: list[float]  # seconds per run, one per repeat; empty on error
     error: str | None
     all_cost: float  # wall seconds spent on this candidate (build + run)
     timestamp: float
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None and bool(self.costs_s)
-
-    @property
-    def cost(self) -> float:
-        return statistics.median(self.costs_s) if self.ok else float("inf")
 
     @property
     def error_kind(self) -> str | None:

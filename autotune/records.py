@@ -76,8 +76,24 @@ def host_info() -> dict[str, Any]:
     return {"cpu": cpu, "cores": os.cpu_count()}
 
 
+class Timed:
+    """A measured candidate's verdict from its error and repeated timings."""
+
+    error: str | None
+    costs_s: list[float]
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and bool(self.costs_s)
+
+    @property
+    def cost(self) -> float:
+        """Median measured seconds (inf for a failed candidate)."""
+        return statistics.median(self.costs_s) if self.ok else float("inf")
+
+
 @dataclass
-class Record:
+class Record(Timed):
     target: dict[str, Any]
     workload: dict[str, Any]
     config: dict[str, Any]
@@ -88,15 +104,6 @@ class Record:
     tecc: str = ""
     tvm: str = ""
     verify: str | None = None  # the verification session of a re-measurement
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None and bool(self.costs_s)
-
-    @property
-    def cost(self) -> float:
-        """Median measured seconds (inf for a failed candidate)."""
-        return statistics.median(self.costs_s) if self.ok else float("inf")
 
     @property
     def key(self) -> str:

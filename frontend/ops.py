@@ -179,6 +179,19 @@ def _pads(padding: Sequence[int]) -> tuple[int, int, int, int]:
     return tuple(padding)  # type: ignore[return-value]
 
 
+
+def _conv_out_hw(h: int, w: int, kh: int, kw: int, attrs: Attrs, op: str,
+                 data_shape: tuple[int, ...]) -> tuple[int, int]:
+    """Output height and width of a conv (its padding, strides and dilation)."""
+    pt, pl, pb, pr = _pads(attrs["padding"])
+    sh, sw = attrs["strides"]
+    dh, dw = attrs["dilation"]
+    oh = conv_out_size(h, kh, sh, pt, pb, dh)
+    ow = conv_out_size(w, kw, sw, pl, pr, dw)
+    if oh <= 0 or ow <= 0:
+        raise IRTypeError(f"{op} output would be empty for input {data_shape}")
+    return oh, ow
+
 def _conv2d_rel(types: list[Type], attrs: Attrs) -> Type:
     data, weight = _arity(types, 2)
     if data.ndim != 4 or weight.ndim != 4:
@@ -188,13 +201,7 @@ def _conv2d_rel(types: list[Type], attrs: Attrs) -> Type:
     groups = attrs["groups"]
     if c != i * groups or o % groups:
         raise IRTypeError(f"channels {c} do not match weight {weight.shape} with groups={groups}")
-    pt, pl, pb, pr = _pads(attrs["padding"])
-    sh, sw = attrs["strides"]
-    dh, dw = attrs["dilation"]
-    oh = conv_out_size(h, kh, sh, pt, pb, dh)
-    ow = conv_out_size(w, kw, sw, pl, pr, dw)
-    if oh <= 0 or ow <= 0:
-        raise IRTypeError(f"conv2d output would be empty for input {data.shape}")
+    oh, ow = _conv_out_hw(h, w, kh, kw, attrs, "conv2d", data.shape)
     return TensorType((n, o, oh, ow), data.dtype)
 
 
@@ -301,13 +308,7 @@ def _conv2d_nchwc_rel(types: list[Type], attrs: Attrs) -> Type:
             groups > 1 and (out_channels // groups) % oc):
         raise IRTypeError(f"conv2d_NCHWc: data {data.shape} and kernel {kernel.shape} do not "
                           f"match with groups={groups}")
-    pt, pl, pb, pr = _pads(attrs["padding"])
-    sh, sw = attrs["strides"]
-    dh, dw = attrs["dilation"]
-    oh = conv_out_size(h, kh, sh, pt, pb, dh)
-    ow = conv_out_size(w, kw, sw, pl, pr, dw)
-    if oh <= 0 or ow <= 0:
-        raise IRTypeError(f"conv2d_NCHWc output would be empty for input {data.shape}")
+    oh, ow = _conv_out_hw(h, w, kh, kw, attrs, "conv2d_NCHWc", data.shape)
     return TensorType((n, occ, oh, ow, oc), data.dtype)
 
 

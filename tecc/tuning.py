@@ -31,6 +31,11 @@ from schedules.templates_dense import DENSE, dense_pack_block
 
 RecordsArg = str | os.PathLike | Sequence[str | os.PathLike] | None
 
+# An NCHW tensor into a few-channel block (the RGB input into NCHW3c): bytes read and
+# written per second, measured alone on a 2-core AVX2 CPU (benchmarks/
+# layout_transform.py: 3x224x224 in 74.5 us; 93 us inside MobileNetV2)
+NCHW_TO_BLOCKS_BYTES_PER_S = 16e9
+
 
 class TuningContext:
     def __init__(self, records: RecordsArg, target: tvm.target.Target, lanes: int,
@@ -70,6 +75,8 @@ class TuningContext:
         template = WINOGRAD if tile else DEPTHWISE if depthwise else CONV2D
         wl = conv_workload(template.name, call, tile)
         choice = self.choose(wl)
+        if choice.config is not None and producer_block is None and not depthwise:
+            choice = self._in_place_or(choice, wl, data)
         if choice.config is not None and producer_block is not None:
             # Prefer the best measured config that reads the producer's block as is:
             # a layout transform between two layers costs more than a few percent of
@@ -84,6 +91,17 @@ class TuningContext:
             if choice not in chosen:
                 chosen.append(choice)
         return conv_blocks(wl, choice.config, self.lanes)
+
+    def _in_place_or(self, choice: Choice, wl: dict[str, Any], data: Any) -> Choice:
+        """For a conv on NCHW data (the model's input): a config reading it one channel
+        at a time (ic_bn 1; NCHW1c is NCHW's bytes) needs no layout_transform before
+        the layer, so it wins unless slower by more than that transform costs."""
+        in_place = self.db.choose_where(wl, self.target_json,
+                                        lambda c: int(c.get("ic_bn", -1)) == 1)
+        if in_place is None or in_place.config == choice.config or choice.cost_s is None:
+            return choice
+        transform_s = 2 * data.ty.nbytes / NCHW_TO_BLOCKS_BYTES_PER_S
+        return in_place if in_place.cost_s <= choice.cost_s + transform_s else choice
 
     def dense_block(self, call: Call, lanes: int) -> int | None:
         wl = DENSE.workload(call, "dense")

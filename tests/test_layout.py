@@ -409,3 +409,32 @@ def test_avx512_blocked_kernels_build():
         prim = lower_primitive(f, "k", AVX512)
         assert "T.vectorized(16)" in prim.script()
         tvm.compile(tvm.IRModule({"k": prim}), target=AVX512)
+
+
+@pytest.mark.parametrize("in_place_extra_s, in_place_wins", [(40e-6, True), (400e-6, False)])
+def test_input_conv_reads_in_place_unless_much_slower(tmp_path, in_place_extra_s,
+                                                      in_place_wins):
+    # The RGB input's conv: a record reading NCHW in place (ic_bn 1) is chosen over a
+    # faster one reading NCHW3c while the difference is below what the transform into
+    # NCHW3c costs (3x224x224: about 75 us), and the input then reaches it unmoved.
+    from autotune.records import Record, RecordWriter
+    from schedules.target import target_to_json
+    from schedules.templates_conv import CONV2D, conv_workload
+    from tecc.tuning import TuningContext
+
+    x = Var("x", TensorType((1, 3, 224, 224), "float32"))
+    stem = conv(x, 16, 3, stride=2)
+    func = Function([x], Call("relu", [stem]), {LANES_ATTR: 8})
+    wl = conv_workload(CONV2D.name, stem)
+    base = {"oc_bn": 16, "tile_ow": 4, "tile_oh": 2, "unroll_kw": True,
+            "reduce_order": "kh_kw_icc"}
+    path = tmp_path / "stem.jsonl"
+    with RecordWriter(path, "test", "test") as writer:
+        for ic_bn, cost in ((3, 200e-6), (1, 200e-6 + in_place_extra_s)):
+            writer.write(Record(target_to_json(TARGET), wl, dict(base, ic_bn=ic_bn),
+                                [cost, cost], None))
+    tuning = TuningContext(path, TARGET, 8)
+    assert tuning.conv_blocks(stem, None) == ((1, 16) if in_place_wins else (3, 16))
+    new = make_convert_layout(conv_blocks_fn=tuning.conv_blocks)(func)
+    transforms = [t.attrs["dst_layout"] for t in calls(new, "layout_transform")]
+    assert transforms == (["NCHW"] if in_place_wins else ["NCHW3c", "NCHW"])

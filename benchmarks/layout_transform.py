@@ -7,7 +7,7 @@ fits seconds = launch + bytes moved (read + write) / bandwidth per kind. Against
 conv's time, it says what choosing a config with another channel block costs alone.
 In a model it costs more: weighing these costs against the tuned convs' times (a
 graph-level choice of blocks) made MobileNetV2 no faster than tecc's choice of the
-config that reads its producer's block (tecc/tuning.py), see results/layout_transform.md.
+config that reads its producer's block (tecc/tuning.py): results/layout_transform.md.
 
     python benchmarks/layout_transform.py
 """

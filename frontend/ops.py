@@ -179,7 +179,6 @@ def _pads(padding: Sequence[int]) -> tuple[int, int, int, int]:
     return tuple(padding)  # type: ignore[return-value]
 
 
-
 def _conv_out_hw(h: int, w: int, kh: int, kw: int, attrs: Attrs, op: str,
                  data_shape: tuple[int, ...]) -> tuple[int, int]:
     """Output height and width of a conv (its padding, strides and dilation)."""
@@ -191,6 +190,7 @@ def _conv_out_hw(h: int, w: int, kh: int, kw: int, attrs: Attrs, op: str,
     if oh <= 0 or ow <= 0:
         raise IRTypeError(f"{op} output would be empty for input {data_shape}")
     return oh, ow
+
 
 def _conv2d_rel(types: list[Type], attrs: Attrs) -> Type:
     data, weight = _arity(types, 2)

@@ -142,8 +142,7 @@ def _sigmoid_of(x: te.Tensor, name: str) -> te.Tensor:
     if x.dtype not in FAST_MATH_DTYPES:
         return te.compute(x.shape, lambda *i: tvm.tirx.sigmoid(x[i]), name=name)
     one = _c(1.0, x.dtype)
-    neg = te.compute(x.shape, lambda *i: -x[i], name=f"{name}_neg")
-    exp = topi.fast_exp(neg)
+    exp = _exp_of(te.compute(x.shape, lambda *i: -x[i], name=f"{name}_neg"))
     return te.compute(x.shape, lambda *i: one / (one + exp[i]), name=name)
 
 

@@ -17,6 +17,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import tecc  # noqa: E402
+from autotune.records import load_records  # noqa: E402
 from benchmarks.common import host_line, interleaved_ms, write_table  # noqa: E402
 from tests.models import example_models  # noqa: E402
 from tests.util import max_rel_error  # noqa: E402
@@ -36,6 +37,13 @@ def onnxruntime_session(model, inputs, threads: int):
     session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     feeds = {i.name: x.numpy() for i, x in zip(session.get_inputs(), inputs, strict=True)}
     return lambda: session.run(None, feeds)
+
+
+def tuning_trials(cm, records) -> int:
+    """Measurements the records hold for the compiled model's workloads (the tuning
+    trials it got; the re-measurements of the verification rounds not counted)."""
+    keys = {t["workload_key"] for t in cm.tasks()}
+    return sum(1 for r in load_records(records)[0] if r.verify is None and r.key in keys)
 
 
 def main() -> None:
@@ -81,16 +89,18 @@ def main() -> None:
         eager, tecc_ms = times["eager"], times["tecc"]
         inductor, ort_ms = times.get("inductor", float("nan")), times.get("ort", float("nan"))
         untuned_col = [f"{times['untuned']:.3f}"] if args.records else []
+        trials_col = [str(tuning_trials(cm, args.records))] if args.records else []
         rows.append([name, f"{eager:.3f}", f"{inductor:.3f}", f"{ort_ms:.3f}", *untuned_col,
                      f"{tecc_ms:.3f}", f"{eager / tecc_ms:.2f}x", f"{ort_ms / tecc_ms:.2f}x",
-                     f"{len(cm.plan['kernels'])}", f"{compile_s:.0f}", f"{error:.1e}"])
+                     f"{len(cm.plan['kernels'])}", *trials_col, f"{compile_s:.0f}",
+                     f"{error:.1e}"])
         print(rows[-1], flush=True)
     write_table(
         args.output, "End-to-end latency, CPU, batch 1 (median ms)",
         ["model", "torch eager", "torch.compile", "ONNX Runtime"]
         + (["tecc untuned"] if args.records else [])
-        + ["tecc", "tecc vs eager", "tecc vs ORT", "kernel calls", "tecc compile s",
-           "max rel err"],
+        + ["tecc", "tecc vs eager", "tecc vs ORT", "kernel calls"]
+        + (["tuning trials"] if args.records else []) + ["tecc compile s", "max rel err"],
         rows,
         [f"Host: {host_line()}; {args.threads} threads for every framework.",
          f"torch {torch.__version__}, tecc {tecc.__version__}, tuning records: "

@@ -117,51 +117,61 @@ def main() -> None:
     parser.add_argument("--report", action="store_true",
                         help="measure nothing: write the table of the finished runs")
     args = parser.parse_args()
+    store = CurveStore(RESULTS / f"{args.output}_runs.json")
+    if args.report:
+        write_report(args, store)
+        return
     torch.set_num_threads(2)
     model, inputs = getattr(models, args.model)()
     _, partitioned, _, _, target = _graph(model, inputs, "llvm", 3, None, None, {})
     tasks = extract_tasks(partitioned, target)
     weights = task_weights(partitioned, target, tasks)
-    store = CurveStore(RESULTS / f"{args.output}_runs.json")
     run_name = f"{args.model}@{args.trials}"
-    if not args.report:
-        run_missing(args, store, run_name, model, inputs, tasks, weights)
-    write_report(args, store, run_name, len(tasks))
+    store.data.setdefault(run_name, {})["tasks"] = len(tasks)
+    run_missing(args, store, run_name, model, inputs, tasks, weights)
+    write_report(args, store)
 
 
-def write_report(args: argparse.Namespace, store: CurveStore, run_name: str,
-                 n_tasks: int) -> None:
-    marks = [args.trials * q // 4 for q in (1, 2, 3, 4)]
-    timings = store.data.get(run_name, {}).get("measured_ms", {})
-    seeds = sorted(int(s) for s in timings)
-    if not seeds:
-        print(f"no finished run of {run_name} in {store.path}")
-        return
+def write_report(args: argparse.Namespace, store: CurveStore) -> None:
+    """One table of every finished run the store holds (all models and budgets)."""
     rows = []
-    for scheduler in SCHEDULERS:
-        curves = [store.curve(run_name, scheduler, s, args.trials) for s in seeds]
-        estimate = [np.mean([c[m - 1] for c in curves]) * 1e3 for m in marks]
-        measured = [timings[str(s)][scheduler] for s in seeds]
-        speedup = [timings[str(s)]["round_robin"] / timings[str(s)][scheduler] for s in seeds]
-        rows.append([args.model, scheduler, str(len(seeds))]
-                    + [f"{v:.3f}" if np.isfinite(v) else "-" for v in estimate]
-                    + [f"{np.mean(measured):.3f}",
-                       " ".join(f"{x:.3f}" for x in measured),
-                       " ".join(f"{x:.2f}x" for x in speedup)])
-    untuned = [timings[str(s)]["untuned"] for s in seeds]
+    for run_name, run in sorted(store.data.items()):
+        model, trials = run_name.split("@")
+        timings = run.get("measured_ms", {})
+        seeds = sorted(int(s) for s in timings)
+        if not seeds:
+            continue
+        marks = [int(trials) * q // 4 for q in (1, 2, 3, 4)]
+        untuned = np.mean([timings[str(s)]["untuned"] for s in seeds])
+        for scheduler in SCHEDULERS:
+            curves = [store.curve(run_name, scheduler, s, int(trials)) for s in seeds]
+            estimate = [np.mean([c[m - 1] for c in curves]) * 1e3 for m in marks]
+            measured = [timings[str(s)][scheduler] for s in seeds]
+            speedup = [timings[str(s)]["round_robin"] / timings[str(s)][scheduler]
+                       for s in seeds]
+            rows.append([model, str(run.get("tasks", "")), trials, scheduler, str(len(seeds))]
+                        + [f"{v:.3f}" if np.isfinite(v) else "-" for v in estimate]
+                        + [f"{np.mean(measured):.3f}",
+                           " ".join(f"{x:.3f}" for x in measured), f"{untuned:.3f}",
+                           " ".join(f"{x:.2f}x" for x in speedup)])
+    if not rows:
+        print(f"no finished run in {store.path}")
+        return
     write_table(
         args.output, "Task scheduler: gradient against round-robin on a whole model",
-        ["model", "scheduler", "seeds"] + [f"estimate @{m} (ms)" for m in marks]
-        + ["compiled model (ms, mean)", "per seed (ms)", "round-robin / this, per seed"],
+        ["model", "tasks", "trials", "scheduler", "seeds"]
+        + [f"estimate @{q}/4 of the trials (ms)" for q in (1, 2, 3, 4)]
+        + ["compiled model (ms, mean)", "per seed (ms)", "untuned (ms, mean)",
+           "round-robin / this, per seed"],
         rows,
-        [f"Host: {host_line()}; {n_tasks} tasks, xgb tuner, batches of {BATCH}, no "
-         "transfer and no verification, the same seeds for both schedulers.",
+        [f"Host: {host_line()}; xgb tuner, batches of {BATCH}, no transfer and no "
+         "verification, the same seeds for both schedulers.",
          "Estimate: calls x best measured time, summed over the kernels, mean over the "
          "seeds ('-': some task not measured yet). Compiled model: the model compiled "
          "with the run's records, median of interleaved rounds with the other "
-         f"scheduler's model and the untuned one ({np.mean(untuned):.3f} ms untuned).",
-         f"Command: `python benchmarks/scheduler.py --model {args.model} --trials "
-         f"{args.trials} --seeds {args.seeds}` (runs kept in `{store.path.name}`).",
+         "scheduler's model and the untuned one.",
+         "Command: `python benchmarks/scheduler.py --model MODEL --trials N --seeds S` "
+         f"(runs kept in `{store.path.name}`; `--report` rewrites this table).",
          ],
     )
 

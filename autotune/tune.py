@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -193,10 +193,7 @@ def tune_tasks(
                   "other workloads")
     budget = trials
     bar = tqdm(total=budget, disable=not progress, unit="trial", dynamic_ncols=True)
-    options = {"number": 3, "repeat": 3, "min_repeat_ms": 20, "timeout_s": timeout_s}
-    if cache_flush:  # TVM flushes before each repeat: a repeat of one call is all cold
-        options.update(number=1, repeat=10, min_repeat_ms=0, cache_flush=True)
-    options.update(runner_options or {})
+    options = runner_options_for(timeout_s, cache_flush, runner_options)
     started = time.perf_counter()
 
     def after_batch(states: Sequence[TaskState], state: TaskState, spent: int, n: int) -> None:
@@ -221,6 +218,16 @@ def tune_tasks(
     if progress and resumed:
         print(f"resumed from {resumed} earlier measurement(s) in {path}")
     return states
+
+
+def runner_options_for(timeout_s: float = 30.0, cache_flush: bool = False,
+                       overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """LocalRunner's options for tuning: 3 calls a timing, 3 timings, at least 20 ms."""
+    options = {"number": 3, "repeat": 3, "min_repeat_ms": 20, "timeout_s": timeout_s}
+    if cache_flush:  # TVM flushes before each repeat: a repeat of one call is all cold
+        options.update(number=1, repeat=10, min_repeat_ms=0, cache_flush=True)
+    options.update(overrides or {})
+    return options
 
 
 def verify_best(states: Sequence[TaskState], builder: Builder, runner: Runner,
@@ -313,6 +320,21 @@ def run_schedule(states: list[TaskState], budget: int, batch_size: int,
     task, its tuner the configs, `measure(state, configs)` returns results with .ok
     and .cost. Returns the trials spent."""
     spent = 0
+    for state, spent, n in schedule_steps(states, budget, batch_size, measure, scheduler,
+                                          early_stopping):
+        if after_batch is not None:
+            after_batch(states, state, spent, n)
+    return spent
+
+
+def schedule_steps(states: list[TaskState], budget: int, batch_size: int,
+                   measure: Callable[[TaskState, list[Config]], list[Any]],
+                   scheduler: str = "gradient", early_stopping: int | None = 128,
+                   ) -> Iterator[tuple[TaskState, int, int]]:
+    """run_schedule one batch at a time: yields (task state, trials spent, batch size)
+    after each measured batch, so that two schedules can be interleaved batch by batch
+    (and so see the same phases of a busy machine)."""
+    spent = 0
     last: TaskState | None = None
     while spent < budget:
         state = _pick(states) if scheduler == "gradient" else _next_in_turn(states, last)
@@ -345,9 +367,7 @@ def run_schedule(states: list[TaskState], budget: int, batch_size: int,
         if state.tuner.exhausted or (early_stopping is not None
                                      and state.trials - state.best_at >= early_stopping):
             state.done = True
-        if after_batch is not None:
-            after_batch(states, state, spent, len(batch))
-    return spent
+        yield state, spent, len(batch)
 
 
 def _next_in_turn(states: list[TaskState], last: TaskState | None) -> TaskState | None:

@@ -1,6 +1,10 @@
 """Task scheduler: tecc's gradient scheduler against round-robin, tuning the same model
 from empty records with the same tuner, budget and seed.
 
+The two runs of a seed are interleaved batch by batch in one process, so that both
+see the same phases of the machine (runs one after the other, as the table's older
+rows were, differ by the phase they ran in as much as by their scheduler).
+
 Two figures per run: the model time its tuned kernels add up to (calls x best
 measured time, summed over the kernels) against trials spent, and, at the end, the
 model compiled with each run's records and timed end to end (the two compiled models
@@ -20,6 +24,7 @@ import argparse
 import math
 import sys
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +34,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import benchmarks.models_factory as models  # noqa: E402
 import tecc  # noqa: E402
-from autotune.tune import SCHEDULERS, model_time_estimate, tune_tasks  # noqa: E402
+from autotune.measure import LocalBuilder, LocalRunner, MeasureInput, measure_batch  # noqa: E402
+from autotune.records import RecordWriter  # noqa: E402
+from autotune.tune import (  # noqa: E402
+    SCHEDULERS,
+    TaskState,
+    estimate_flops,
+    model_time_estimate,
+    runner_options_for,
+    schedule_steps,
+)
+from autotune.tuner import make_tuner  # noqa: E402
 from benchmarks.common import (  # noqa: E402
     RESULTS,
     CurveStore,
@@ -55,18 +70,37 @@ def estimate_curve(batches: list[tuple[int, float]], trials: int) -> list[float]
     return curve
 
 
-def tune_run(tasks, weights, records: Path, trials: int, scheduler: str,
-             seed: int) -> list[float]:
-    batches: list[tuple[int, float]] = []
-
-    def after(states, spent: int) -> None:
-        complete = all(math.isfinite(s.best_cost) for s in states)
-        batches.append((spent, model_time_estimate(states) if complete else math.nan))
-
-    records.unlink(missing_ok=True)  # a run cut short is redone, not resumed
-    tune_tasks(tasks, weights, records, trials, batch_size=BATCH, seed=seed, progress=False,
-               verify_top=0, transfer=False, scheduler=scheduler, on_batch=after)
-    return estimate_curve(batches, trials)
+def tune_pair(tasks, weights, records: dict[str, Path], trials: int,
+              seed: int) -> dict[str, list[float]]:
+    """Tune the model once per scheduler, the two runs interleaved batch by batch in
+    one process (one builder, one runner), so that both see the same phases of the
+    machine; returns each scheduler's estimate curve."""
+    states = {s: [TaskState(t, w, make_tuner("xgb", t, seed), estimate_flops(t))
+                  for t, w in zip(tasks, weights, strict=True)] for s in SCHEDULERS}
+    batches: dict[str, list[tuple[int, float]]] = {s: [] for s in SCHEDULERS}
+    for path in records.values():
+        path.unlink(missing_ok=True)  # a run cut short is redone, not resumed
+    with ExitStack() as stack:
+        builder = stack.enter_context(LocalBuilder(n_parallel=2))
+        runner = stack.enter_context(LocalRunner(**runner_options_for()))
+        steps = {}
+        for name in SCHEDULERS:
+            writer = stack.enter_context(RecordWriter(records[name]))
+            steps[name] = schedule_steps(
+                states[name], trials, BATCH,
+                lambda state, batch, writer=writer: measure_batch(
+                    builder, runner, [MeasureInput(state.task, c) for c in batch], writer),
+                name)
+        while steps:
+            for name in list(steps):
+                if next(steps[name], None) is None:
+                    del steps[name]
+                    continue
+                complete = all(math.isfinite(s.best_cost) for s in states[name])
+                batches[name].append((sum(s.trials for s in states[name]),
+                                      model_time_estimate(states[name]) if complete
+                                      else math.nan))
+    return {name: estimate_curve(batches[name], trials) for name in SCHEDULERS}
 
 
 def time_compiled(model, inputs, records: dict[str, Path]) -> dict[str, float]:
@@ -89,16 +123,16 @@ def run_missing(args: argparse.Namespace, store: CurveStore, run_name: str, mode
     for seed in range(args.seeds):
         records = {s: args.work / f"{args.model}_{args.trials}_{s}_seed{seed}.jsonl"
                    for s in SCHEDULERS}
-        for scheduler in SCHEDULERS:
-            if store.curve(run_name, scheduler, seed, args.trials) is not None \
-                    and records[scheduler].exists():
-                continue
+        if not all(store.curve(run_name, name, seed, args.trials) is not None
+                   and records[name].exists() for name in SCHEDULERS):
             start = time.perf_counter()
             timings.pop(str(seed), None)  # its records change: time them again
-            curve = tune_run(tasks, weights, records[scheduler], args.trials, scheduler, seed)
-            store.add(run_name, scheduler, seed, args.trials, curve)
-            print(f"{scheduler} seed {seed}: estimate {curve[-1] * 1e3:.2f} ms "
-                  f"({time.perf_counter() - start:.0f}s)", flush=True)
+            curves = tune_pair(tasks, weights, records, args.trials, seed)
+            for name, curve in curves.items():
+                store.add(run_name, name, seed, args.trials, curve)
+                print(f"{name} seed {seed}: estimate {curve[-1] * 1e3:.2f} ms", flush=True)
+            print(f"seed {seed}: both schedulers in {time.perf_counter() - start:.0f}s",
+                  flush=True)
         if str(seed) not in timings:
             timings[str(seed)] = {k: float(f"{v:.5g}") for k, v in
                                   time_compiled(model, inputs, records).items()}
@@ -126,8 +160,8 @@ def main() -> None:
     _, partitioned, _, _, target = _graph(model, inputs, "llvm", 3, None, None, {})
     tasks = extract_tasks(partitioned, target)
     weights = task_weights(partitioned, target, tasks)
-    run_name = f"{args.model}@{args.trials}"
-    store.data.setdefault(run_name, {})["tasks"] = len(tasks)
+    run_name = f"{args.model}@{args.trials}/interleaved"
+    store.data.setdefault(run_name, {}).update(tasks=len(tasks), method="interleaved")
     run_missing(args, store, run_name, model, inputs, tasks, weights)
     write_report(args, store)
 
@@ -137,6 +171,7 @@ def write_report(args: argparse.Namespace, store: CurveStore) -> None:
     rows = []
     for run_name, run in sorted(store.data.items()):
         model, trials = run_name.split("@")
+        trials = trials.split("/")[0]
         timings = run.get("measured_ms", {})
         seeds = sorted(int(s) for s in timings)
         if not seeds:
@@ -149,7 +184,8 @@ def write_report(args: argparse.Namespace, store: CurveStore) -> None:
             measured = [timings[str(s)][scheduler] for s in seeds]
             speedup = [timings[str(s)]["round_robin"] / timings[str(s)][scheduler]
                        for s in seeds]
-            rows.append([model, str(run.get("tasks", "")), trials, scheduler, str(len(seeds))]
+            rows.append([model, str(run.get("tasks", "")), trials,
+                         run.get("method", "one after the other"), scheduler, str(len(seeds))]
                         + [f"{v:.3f}" if np.isfinite(v) else "-" for v in estimate]
                         + [f"{np.mean(measured):.3f}",
                            " ".join(f"{x:.3f}" for x in measured), f"{untuned:.3f}",
@@ -159,7 +195,7 @@ def write_report(args: argparse.Namespace, store: CurveStore) -> None:
         return
     write_table(
         args.output, "Task scheduler: gradient against round-robin on a whole model",
-        ["model", "tasks", "trials", "scheduler", "seeds"]
+        ["model", "tasks", "trials", "runs", "scheduler", "seeds"]
         + [f"estimate @{q}/4 of the trials (ms)" for q in (1, 2, 3, 4)]
         + ["compiled model (ms, mean)", "per seed (ms)", "untuned (ms, mean)",
            "round-robin / this, per seed"],

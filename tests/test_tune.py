@@ -17,7 +17,7 @@ import torch
 
 import tecc
 from autotune.records import load_records
-from autotune.tune import TaskState, model_time_estimate, run_schedule
+from autotune.tune import TaskState, model_time_estimate, run_schedule, schedule_steps
 from autotune.tuner import GridTuner, RandomTuner, XGBTuner, make_tuner
 from schedules.space import ConfigSpace
 from tests.models import mlp_example
@@ -116,16 +116,22 @@ class ScaledTask(SyntheticTask):
         return self.scale * super().cost(config)
 
 
-def scheduled_estimate(scheduler: str, seed: int) -> float:
-    """Model time after 96 trials on one heavy kernel (10 calls of a 10x slower
-    workload) and four light ones."""
+def skewed_states(seed: int) -> list[TaskState]:
+    """One heavy kernel (10 calls of a 10x slower workload) and four light ones."""
     tasks = [ScaledTask("heavy", 10.0)] + [ScaledTask(f"light{i}", 0.1) for i in range(4)]
     weights = [10, 1, 1, 1, 1]
-    states = [TaskState(t, w, RandomTuner(t, seed=seed + i), 1.0)
-              for i, (t, w) in enumerate(zip(tasks, weights, strict=True))]
-    spent = run_schedule(states, 96, 8, lambda st, batch: [Result(st.task.cost(c))
-                                                           for c in batch],
-                         scheduler, early_stopping=None)
+    return [TaskState(t, w, RandomTuner(t, seed=seed + i), 1.0)
+            for i, (t, w) in enumerate(zip(tasks, weights, strict=True))]
+
+
+def measure_synthetic(state: TaskState, batch: list) -> list[Result]:
+    return [Result(state.task.cost(c)) for c in batch]
+
+
+def scheduled_estimate(scheduler: str, seed: int) -> float:
+    """Model time after 96 trials on skewed_states."""
+    states = skewed_states(seed)
+    spent = run_schedule(states, 96, 8, measure_synthetic, scheduler, early_stopping=None)
     assert spent == 96 and sum(s.trials for s in states) == 96
     assert all(s.trials > 0 for s in states)  # every task gets a first batch
     return model_time_estimate(states)
@@ -139,6 +145,31 @@ def test_gradient_scheduler_beats_round_robin():
              for seed in range(10)]
     assert all(g <= 1.01 * r for g, r in pairs), pairs
     assert np.mean([g for g, _ in pairs]) < 0.95 * np.mean([r for _, r in pairs]), pairs
+
+
+def test_interleaved_schedules_run_as_they_would_alone():
+    # benchmarks/scheduler.py steps two schedules in turn; each must spend its budget
+    # and reach the same trials per task and the same model time as when run alone.
+    alone = {}
+    for name in ("gradient", "round_robin"):
+        states = skewed_states(3)
+        run_schedule(states, 96, 8, measure_synthetic, name, early_stopping=None)
+        alone[name] = ([s.trials for s in states], model_time_estimate(states))
+    paired = {name: skewed_states(3) for name in alone}
+    steps = {name: schedule_steps(paired[name], 96, 8, measure_synthetic, name,
+                                  early_stopping=None) for name in alone}
+    spent = dict.fromkeys(alone, 0)
+    while steps:
+        for name in list(steps):
+            step = next(steps[name], None)
+            if step is None:
+                del steps[name]
+            else:
+                spent[name] = step[1]
+    assert spent == dict.fromkeys(alone, 96)
+    for name, states in paired.items():
+        assert ([s.trials for s in states], model_time_estimate(states)) == alone[name]
+    assert alone["gradient"][0] != alone["round_robin"][0]  # the two did differ
 
 
 TUNE_SCRIPT = r"""

@@ -39,11 +39,11 @@ def onnxruntime_session(model, inputs, threads: int):
     return lambda: session.run(None, feeds)
 
 
-def tuning_trials(cm, records) -> int:
+def tuning_trials(cm, records: list) -> int:
     """Measurements the records hold for the compiled model's workloads (the tuning
     trials it got; the re-measurements of the verification rounds not counted)."""
     keys = {t["workload_key"] for t in cm.tasks()}
-    return sum(1 for r in load_records(records)[0] if r.verify is None and r.key in keys)
+    return sum(1 for r in records if r.verify is None and r.key in keys)
 
 
 def main() -> None:
@@ -56,6 +56,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     models = example_models(batch=1)
+    records = load_records(args.records)[0] if args.records else []
     rows = []
     for name in args.models.split(","):
         model, inputs = models[name]
@@ -89,7 +90,7 @@ def main() -> None:
         eager, tecc_ms = times["eager"], times["tecc"]
         inductor, ort_ms = times.get("inductor", float("nan")), times.get("ort", float("nan"))
         untuned_col = [f"{times['untuned']:.3f}"] if args.records else []
-        trials_col = [str(tuning_trials(cm, args.records))] if args.records else []
+        trials_col = [str(tuning_trials(cm, records))] if args.records else []
         rows.append([name, f"{eager:.3f}", f"{inductor:.3f}", f"{ort_ms:.3f}", *untuned_col,
                      f"{tecc_ms:.3f}", f"{eager / tecc_ms:.2f}x", f"{ort_ms / tecc_ms:.2f}x",
                      f"{len(cm.plan['kernels'])}", *trials_col, f"{compile_s:.0f}",

@@ -93,12 +93,12 @@ def tune_pair(tasks, weights, records: dict[str, Path], trials: int,
                 name)
         while steps:
             for name in list(steps):
-                if next(steps[name], None) is None:
+                step = next(steps[name], None)
+                if step is None:
                     del steps[name]
                     continue
                 complete = all(math.isfinite(s.best_cost) for s in states[name])
-                batches[name].append((sum(s.trials for s in states[name]),
-                                      model_time_estimate(states[name]) if complete
+                batches[name].append((step[1], model_time_estimate(states[name]) if complete
                                       else math.nan))
     return {name: estimate_curve(batches[name], trials) for name in SCHEDULERS}
 
@@ -161,7 +161,7 @@ def main() -> None:
     tasks = extract_tasks(partitioned, target)
     weights = task_weights(partitioned, target, tasks)
     run_name = f"{args.model}@{args.trials}/interleaved"
-    store.data.setdefault(run_name, {}).update(tasks=len(tasks), method="interleaved")
+    store.data.setdefault(run_name, {})["tasks"] = len(tasks)
     run_missing(args, store, run_name, model, inputs, tasks, weights)
     write_report(args, store)
 
@@ -170,8 +170,9 @@ def write_report(args: argparse.Namespace, store: CurveStore) -> None:
     """One table of every finished run the store holds (all models and budgets)."""
     rows = []
     for run_name, run in sorted(store.data.items()):
-        model, trials = run_name.split("@")
-        trials = trials.split("/")[0]
+        # "model@trials", and "/interleaved" for the runs stepped in turn (tune_pair)
+        model, _, rest = run_name.partition("@")
+        trials, _, method = rest.partition("/")
         timings = run.get("measured_ms", {})
         seeds = sorted(int(s) for s in timings)
         if not seeds:
@@ -185,7 +186,7 @@ def write_report(args: argparse.Namespace, store: CurveStore) -> None:
             speedup = [timings[str(s)]["round_robin"] / timings[str(s)][scheduler]
                        for s in seeds]
             rows.append([model, str(run.get("tasks", "")), trials,
-                         run.get("method", "one after the other"), scheduler, str(len(seeds))]
+                         method or "one after the other", scheduler, str(len(seeds))]
                         + [f"{v:.3f}" if np.isfinite(v) else "-" for v in estimate]
                         + [f"{np.mean(measured):.3f}",
                            " ".join(f"{x:.3f}" for x in measured), f"{untuned:.3f}",

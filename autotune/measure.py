@@ -45,14 +45,12 @@ from multiprocessing.reduction import ForkingPickler
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
-
-from autotune.records import Record, RecordWriter, Timed, workload_key
+from tecc.autotune.records import Record, RecordWriter, Timed, workload_key
 
 if TYPE_CHECKING:
     import tvm
-
-    from autotune.task import TunableTask
-    from schedules.space import Config
+    from tecc.autotune.task import TunableTask
+    from tecc.schedules.space import Config
 
 BUILD_ERROR = "build_error"
 BUILD_TIMEOUT = "build_timeout"
@@ -374,7 +372,7 @@ def as_target(target: Any) -> tvm.target.Target:
 def target_json(target: Any) -> dict[str, Any]:
     if isinstance(target, dict):
         return dict(target)
-    from schedules.target import target_to_json
+    from tecc.schedules.target import target_to_json
 
     return target_to_json(target)
 
@@ -557,7 +555,7 @@ def run_built_batch(jobs: Sequence[RunJob], options: RunOptions, timeout_s: floa
 def run_worker_pool() -> WorkerPool:
     # TVM_USE_RUNTIME_LIB: the worker loads libtvm_runtime, not the compiler, as a
     # deployment or a remote GPU machine does; a library that needs more fails here.
-    from runtime.threads import kernel_threads
+    from tecc.runtime.threads import kernel_threads
 
     # Kernels are timed on the threads a deployment on this host runs them on.
     return WorkerPool(1, env={"TVM_USE_RUNTIME_LIB": "1",

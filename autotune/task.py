@@ -16,8 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 if TYPE_CHECKING:  # the protocol must import without tvm (the runner side needs none)
     import numpy as np
     import tvm
-
-    from schedules.space import Config
+    from tecc.schedules.space import Config
 
 
 @runtime_checkable

@@ -19,9 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-
-from autotune.features import FeatureCache
-from autotune.records import Record, workload_key
+from tecc.autotune.features import FeatureCache
+from tecc.autotune.records import Record, workload_key
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +79,7 @@ class TransferSource:
                          use_loop_features: bool) -> tuple[np.ndarray, np.ndarray] | None:
         if key in self._features:
             return self._features[key]
-        from schedules.tasks import task_from_workload
+        from tecc.schedules.tasks import task_from_workload
 
         result = None
         try:

@@ -28,9 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tqdm import tqdm
-
-from autotune.measure import (
+from tecc.autotune.measure import (
     Builder,
     LocalBuilder,
     LocalRunner,
@@ -40,10 +38,11 @@ from autotune.measure import (
     record_of,
     remove_built,
 )
-from autotune.records import Record, RecordWriter, exact_target_key, load_records, workload_key
-from autotune.transfer import TransferSource
-from autotune.tuner import Tuner, XGBTuner, make_tuner
-from schedules.space import Config
+from tecc.autotune.records import Record, RecordWriter, exact_target_key, load_records, workload_key
+from tecc.autotune.transfer import TransferSource
+from tecc.autotune.tuner import Tuner, XGBTuner, make_tuner
+from tecc.schedules.space import Config
+from tqdm import tqdm
 
 
 def estimate_flops(task: Any) -> float:

@@ -18,10 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-
-from autotune.cost_model import XGBCostModel
-from autotune.features import FeatureCache
-from schedules.space import Config, ConfigSpace
+from tecc.autotune.cost_model import XGBCostModel
+from tecc.autotune.features import FeatureCache
+from tecc.schedules.space import Config, ConfigSpace
 
 MeasureFn = Callable[[list[Config]], list[Any]]  # configs -> results with .ok and .cost
 

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import runtime  # noqa: F401 - sets TVM_NUM_THREADS (a thread per core) here and in workers
+from tecc import runtime  # noqa: F401 - sets TVM_NUM_THREADS (a thread per core) here and in workers
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -51,7 +51,7 @@ def interleaved_ms(fns: dict[str, Callable[[], object]], rounds: int = 7,
 
 
 def host_line() -> str:
-    from autotune.records import host_info
+    from tecc.autotune.records import host_info
 
     info = host_info()
     return f"{info['cpu']}, {info['cores']} cores, Python {platform.python_version()}"

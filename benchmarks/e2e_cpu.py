@@ -16,8 +16,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from tecc.autotune.records import load_records  # noqa: E402
+
 import tecc  # noqa: E402
-from autotune.records import load_records  # noqa: E402
 from benchmarks.common import host_line, interleaved_ms, write_table  # noqa: E402
 from tests.models import example_models  # noqa: E402
 from tests.util import max_rel_error  # noqa: E402

@@ -20,15 +20,16 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from autotune.measure import LocalBuilder, LocalRunner, MeasureInput, measure_batch  # noqa: E402
-from autotune.tuner import RandomTuner  # noqa: E402
+from tecc.autotune.measure import LocalBuilder, LocalRunner, MeasureInput, measure_batch  # noqa: E402
+from tecc.autotune.tuner import RandomTuner  # noqa: E402
+from tecc.frontend.ir import Call, Constant, Function, TensorType, Var  # noqa: E402
+from tecc.graph_opt.fuse_ops import fuse_ops  # noqa: E402
+from tecc.graph_opt.layout import make_convert_layout  # noqa: E402
+from tecc.graph_opt.pipeline import optimize  # noqa: E402
+from tecc.schedules.target import resolve_target, vector_lanes  # noqa: E402
+from tecc.schedules.tasks import extract_tasks  # noqa: E402
+
 from benchmarks.common import host_line, median_ms, write_table  # noqa: E402
-from frontend.ir import Call, Constant, Function, TensorType, Var  # noqa: E402
-from graph_opt.fuse_ops import fuse_ops  # noqa: E402
-from graph_opt.layout import make_convert_layout  # noqa: E402
-from graph_opt.pipeline import optimize  # noqa: E402
-from schedules.target import resolve_target, vector_lanes  # noqa: E402
-from schedules.tasks import extract_tasks  # noqa: E402
 
 # The distinct convolutions of ResNet-18 at 224x224, batch 1: (C, H, O, kernel, stride)
 RESNET18_CONVS = [(3, 224, 64, 7, 2), (64, 56, 64, 3, 1), (64, 56, 128, 3, 2),

@@ -32,11 +32,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import benchmarks.models_factory as models  # noqa: E402
-import tecc  # noqa: E402
-from autotune.measure import LocalBuilder, LocalRunner, MeasureInput, measure_batch  # noqa: E402
-from autotune.records import RecordWriter  # noqa: E402
-from autotune.tune import (  # noqa: E402
+from tecc.autotune.measure import LocalBuilder, LocalRunner, MeasureInput, measure_batch  # noqa: E402
+from tecc.autotune.records import RecordWriter  # noqa: E402
+from tecc.autotune.tune import (  # noqa: E402
     SCHEDULERS,
     TaskState,
     estimate_flops,
@@ -44,7 +42,11 @@ from autotune.tune import (  # noqa: E402
     runner_options_for,
     schedule_steps,
 )
-from autotune.tuner import make_tuner  # noqa: E402
+from tecc.autotune.tuner import make_tuner  # noqa: E402
+from tecc.schedules.tasks import extract_tasks  # noqa: E402
+
+import benchmarks.models_factory as models  # noqa: E402
+import tecc  # noqa: E402
 from benchmarks.common import (  # noqa: E402
     RESULTS,
     CurveStore,
@@ -52,7 +54,6 @@ from benchmarks.common import (  # noqa: E402
     interleaved_ms,
     write_table,
 )
-from schedules.tasks import extract_tasks  # noqa: E402
 from tecc.api import _graph, task_weights  # noqa: E402
 
 BATCH = 16

@@ -17,8 +17,7 @@ import time
 import numpy as np
 import torch
 import tvm
-
-from schedules.tasks import task_from_workload
+from tecc.schedules.tasks import task_from_workload
 
 torch.set_num_threads(2)
 TARGET = tvm.target.Target({"kind": "llvm", "mcpu": "core-avx2", "num-cores": 2})

@@ -24,8 +24,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from autotune.measure import LocalBuilder, LocalRunner, MeasureInput, measure_batch  # noqa: E402
-from autotune.tuner import make_tuner  # noqa: E402
+from tecc.autotune.measure import LocalBuilder, LocalRunner, MeasureInput, measure_batch  # noqa: E402
+from tecc.autotune.tuner import make_tuner  # noqa: E402
+from tecc.schedules.target import resolve_target  # noqa: E402
+
 from benchmarks.common import (  # noqa: E402
     RESULTS,
     CurveStore,
@@ -34,7 +36,6 @@ from benchmarks.common import (  # noqa: E402
     write_table,
 )
 from benchmarks.ops_cpu import anchor_task, workloads  # noqa: E402
-from schedules.target import resolve_target  # noqa: E402
 
 SELECTED = ["matmul_512", "matmul_1024", "conv_64x56_64_k3s1", "conv_128x28_128_k3s1",
             "conv_256x14_256_k3s1", "bert_dense_128x768x3072"]
@@ -57,10 +58,9 @@ def metaschedule_curve(task, trials: int, target, seed: int) -> list[float]:
     """Best seconds after each trial of MetaSchedule's tune_tir on the task's anchor
     (its default layout, as built by the task with the fallback config, unscheduled)."""
     import tvm
+    from tecc.schedules.lower import build_te
     from tvm import te
     from tvm.s_tir import meta_schedule as ms
-
-    from schedules.lower import build_te
 
     placeholders, outputs = build_te(task.kernel_func(None), target)
     mod = tvm.IRModule({"main": te.create_prim_func(placeholders + outputs)})

@@ -18,10 +18,9 @@ from typing import Any
 
 import numpy as np
 import torch
+from tecc.frontend.ir import Call, Constant, Expr, Function, TensorType, Tuple, TupleGetItem, Var
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
-
-from frontend.ir import Call, Constant, Expr, Function, TensorType, Tuple, TupleGetItem, Var
 
 Converter = Callable[["ImportContext", torch.fx.Node, list, dict], Any]
 _CONVERTERS: dict[str, Converter] = {}

@@ -165,7 +165,7 @@ class Call(Expr):
     ty: Type = field(init=False)
 
     def __post_init__(self) -> None:
-        from frontend.ops import get_op  # the registry imports this module
+        from tecc.frontend.ops import get_op  # the registry imports this module
 
         object.__setattr__(self, "args", tuple(self.args))
         if not isinstance(self.attrs, Attrs):

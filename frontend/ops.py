@@ -11,8 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-
-from frontend.ir import Attrs, IRTypeError, TensorType, TupleType, Type
+from tecc.frontend.ir import Attrs, IRTypeError, TensorType, TupleType, Type
 
 
 class Pattern(enum.IntEnum):

@@ -8,7 +8,7 @@
 
 from __future__ import annotations
 
-from frontend.ir import Call, Constant, Expr, Function, Tuple, TupleGetItem, Var, post_order
+from tecc.frontend.ir import Call, Constant, Expr, Function, Tuple, TupleGetItem, Var, post_order
 
 
 def _format_attr(value: object) -> str:

@@ -16,8 +16,8 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Hashable
 
-from frontend.ir import Call, Constant, Expr, Function, Tuple, TupleGetItem, rewrite
-from graph_opt.pass_manager import register_pass
+from tecc.frontend.ir import Call, Constant, Expr, Function, Tuple, TupleGetItem, rewrite
+from tecc.graph_opt.pass_manager import register_pass
 
 # Constants up to this size are compared by value (hashing weights would cost time
 # for no gain: two distinct weight tensors are practically never equal).

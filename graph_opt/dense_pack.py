@@ -17,11 +17,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
-
-from frontend.ir import Call, Constant, Expr, Function, rewrite
-from graph_opt.layout import DEFAULT_LANES, LANES_ATTR
-from graph_opt.pass_manager import register_pass
-from graph_opt.patterns import is_op
+from tecc.frontend.ir import Call, Constant, Expr, Function, rewrite
+from tecc.graph_opt.layout import DEFAULT_LANES, LANES_ATTR
+from tecc.graph_opt.pass_manager import register_pass
+from tecc.graph_opt.patterns import is_op
 
 # (dense call, lanes) -> nb (a divisor of N), or None to leave the dense unpacked
 NbFn = Callable[[Call, int], "int | None"]

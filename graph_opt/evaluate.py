@@ -14,9 +14,8 @@ import math
 from collections.abc import Callable
 
 import numpy as np
-
-from frontend.ir import Attrs, TensorType, TupleType, Type
-from frontend.ops import normalize_axis, reduce_axes
+from tecc.frontend.ir import Attrs, TensorType, TupleType, Type
+from tecc.frontend.ops import normalize_axis, reduce_axes
 
 # args, attrs, checked output type -> result (a list of arrays for tuple results)
 Evaluator = Callable[[list[np.ndarray], Attrs, Type], "np.ndarray | list[np.ndarray]"]
@@ -205,7 +204,7 @@ def _where(args, attrs, ty):
 
 @evaluator("layout_transform")
 def _layout_transform(args, attrs, ty):
-    from graph_opt.layout import layout_transform_numpy  # layout imports the registry
+    from tecc.graph_opt.layout import layout_transform_numpy  # layout imports the registry
 
     return layout_transform_numpy(args[0], attrs["src_layout"], attrs["dst_layout"])
 

@@ -12,11 +12,10 @@ The folding is computed in float64 and rounded once to the weight's dtype.
 from __future__ import annotations
 
 import numpy as np
-
-from frontend.ir import Call, Constant, Expr, Function, rewrite
-from frontend.ops import normalize_axis
-from graph_opt.pass_manager import register_pass
-from graph_opt.patterns import is_op, use_counts
+from tecc.frontend.ir import Call, Constant, Expr, Function, rewrite
+from tecc.frontend.ops import normalize_axis
+from tecc.graph_opt.pass_manager import register_pass
+from tecc.graph_opt.patterns import is_op, use_counts
 
 
 def _bn_affine(bn: Call, params: tuple[Expr, ...]) -> tuple[np.ndarray, np.ndarray] | None:

@@ -6,10 +6,9 @@ nothing at run time.
 from __future__ import annotations
 
 import numpy as np
-
-from frontend.ir import Call, Constant, Expr, Function, Tuple, TupleGetItem, TupleType, rewrite
-from graph_opt.evaluate import evaluate_call, has_evaluator
-from graph_opt.pass_manager import register_pass
+from tecc.frontend.ir import Call, Constant, Expr, Function, Tuple, TupleGetItem, TupleType, rewrite
+from tecc.graph_opt.evaluate import evaluate_call, has_evaluator
+from tecc.graph_opt.pass_manager import register_pass
 
 # A folded result this much larger than its inputs, and above MAX_BLOWUP_BYTES, is
 # left as a kernel: broadcasting a scalar to a big tensor is cheaper to compute than

@@ -7,7 +7,7 @@ kernel as immediates, every other input becomes a kernel parameter.
 
 from __future__ import annotations
 
-from frontend.ir import (
+from tecc.frontend.ir import (
     Call,
     Constant,
     Expr,
@@ -21,8 +21,8 @@ from frontend.ir import (
     rewrite,
     with_children,
 )
-from frontend.ops import Pattern, get_op
-from graph_opt.pass_manager import register_pass
+from tecc.frontend.ops import Pattern, get_op
+from tecc.graph_opt.pass_manager import register_pass
 
 
 def is_primitive_call(expr: Expr) -> bool:

@@ -37,8 +37,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
-
-from frontend.ir import (
+from tecc.frontend.ir import (
     Call,
     Constant,
     Expr,
@@ -48,8 +47,8 @@ from frontend.ir import (
     Var,
     post_order,
 )
-from frontend.ops import Pattern, get_op, nchwc_block, normalize_axis, reduce_axes
-from graph_opt.pass_manager import register_pass
+from tecc.frontend.ops import Pattern, get_op, nchwc_block, normalize_axis, reduce_axes
+from tecc.graph_opt.pass_manager import register_pass
 
 LANES_ATTR = "cpu_vector_lanes"
 DEFAULT_LANES = 8

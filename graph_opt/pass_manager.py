@@ -15,9 +15,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from frontend.ir import Call, Function, IRTypeError, post_order
-from frontend.ops import get_op
-from frontend.printer import astext
+from tecc.frontend.ir import Call, Function, IRTypeError, post_order
+from tecc.frontend.ops import get_op
+from tecc.frontend.printer import astext
 
 PassFn = Callable[[Function], Function]
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 import numpy as np
-
-from frontend.ir import Call, Constant, Expr, Function, children, post_order
+from tecc.frontend.ir import Call, Constant, Expr, Function, children, post_order
 
 
 def is_op(expr: Expr, *names: str) -> bool:

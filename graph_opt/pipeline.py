@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-from frontend.ir import Function
+from tecc.frontend.ir import Function
 
 # Importing the pass modules registers the passes.
-from graph_opt import (  # noqa: F401
+from tecc.graph_opt import (  # noqa: F401
     cse,
     dense_pack,
     fold_batch_norm,
@@ -15,7 +15,7 @@ from graph_opt import (  # noqa: F401
     layout,
     simplify,
 )
-from graph_opt.pass_manager import Pass, PassTrace, get_pass, run_passes
+from tecc.graph_opt.pass_manager import Pass, PassTrace, get_pass, run_passes
 
 
 def optimization_pipeline(overrides: Mapping[str, Callable[[Function], Function]] | None = None

@@ -9,11 +9,10 @@ chains collapse in one pass: reshape(reshape(reshape(x))) -> reshape(x).
 from __future__ import annotations
 
 import numpy as np
-
-from frontend.ir import Call, Constant, Expr, Function, Tuple, TupleGetItem, rewrite
-from frontend.ops import normalize_axis, reduce_axes
-from graph_opt.pass_manager import register_pass
-from graph_opt.patterns import is_op, is_scalar, use_counts
+from tecc.frontend.ir import Call, Constant, Expr, Function, Tuple, TupleGetItem, rewrite
+from tecc.frontend.ops import normalize_axis, reduce_axes
+from tecc.graph_opt.pass_manager import register_pass
+from tecc.graph_opt.patterns import is_op, is_scalar, use_counts
 
 
 def _strided_slice_is_identity(node: Call, x: Expr) -> bool:

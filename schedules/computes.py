@@ -13,18 +13,17 @@ import math
 from collections.abc import Callable, Sequence
 
 import tvm
-from tvm import te, topi
-from tvm.tirx import const
-
-from frontend.ir import Attrs, TensorType, TupleType, Type
-from frontend.ops import (
+from tecc.frontend.ir import Attrs, TensorType, TupleType, Type
+from tecc.frontend.ops import (
     is_depthwise_nchwc,
     nchwc_block,
     normalize_axis,
     reduce_axes,
     winograd_tile,
 )
-from graph_opt.layout import WINOGRAD_MATRICES
+from tecc.graph_opt.layout import WINOGRAD_MATRICES
+from tvm import te, topi
+from tvm.tirx import const
 
 Compute = Callable[[list[te.Tensor], Attrs, Type], "te.Tensor | list[te.Tensor]"]
 _COMPUTES: dict[str, Compute] = {}

@@ -26,11 +26,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import tvm
+from tecc.schedules.space import Config, ConfigSpace
+from tecc.schedules.target import num_cores, vector_lanes
+from tecc.schedules.template import ScheduleContext, Template, load_templates
 from tvm.s_tir.schedule import Schedule
-
-from schedules.space import Config, ConfigSpace
-from schedules.target import num_cores, vector_lanes
-from schedules.template import ScheduleContext, Template, load_templates
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +123,7 @@ def default_schedule(sch: Schedule, target: tvm.target.Target,
     if all(_anchor_kind(sch, b) is None and not _is_reduction(sch, b)
            for b in _root_blocks(sch)):
         # A group of injective ops only: the injective template (its fallback config).
-        from schedules.templates_reduce import schedule_injective_group
+        from tecc.schedules.templates_reduce import schedule_injective_group
 
         trial = sch.copy()
         try:

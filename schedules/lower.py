@@ -20,14 +20,13 @@ from collections.abc import Callable
 from typing import Any
 
 import tvm
+from tecc.frontend.ir import Call, Constant, Expr, Function, Tuple, TupleGetItem, Var, post_order
+from tecc.schedules.computes import ANCHOR_ATTR, get_compute, scalar_constant
+from tecc.schedules.default import AppliedTemplate, default_schedule
+from tecc.schedules.space import Config, ConfigSpace
+from tecc.schedules.template import ScheduleContext, Template, load_templates
 from tvm import te
 from tvm.s_tir.schedule import Schedule
-
-from frontend.ir import Call, Constant, Expr, Function, Tuple, TupleGetItem, Var, post_order
-from schedules.computes import ANCHOR_ATTR, get_compute, scalar_constant
-from schedules.default import AppliedTemplate, default_schedule
-from schedules.space import Config, ConfigSpace
-from schedules.template import ScheduleContext, Template, load_templates
 
 ConfigArg = Config | dict | Callable[[dict], Any] | None
 

@@ -26,24 +26,23 @@ from typing import Any
 
 import numpy as np
 import tvm
-from tvm import te
-from tvm.s_tir.schedule import Schedule
-
-from frontend.ir import Call, Function, TensorType, Var, post_order
-from graph_opt.dense_pack import pack_dense_weight
-from graph_opt.evaluate import evaluate_call
-from graph_opt.layout import (
+from tecc.frontend.ir import Call, Function, TensorType, Var, post_order
+from tecc.graph_opt.dense_pack import pack_dense_weight
+from tecc.graph_opt.evaluate import evaluate_call
+from tecc.graph_opt.layout import (
     layout_name,
     pack_conv_weight,
     pack_depthwise_weight,
     pack_winograd_weight,
     to_nchwc,
 )
-from schedules.default import _inline_injective
-from schedules.lower import anchor_workloads, build_te, lower_primitive
-from schedules.space import Config, ConfigSpace
-from schedules.target import num_cores, target_to_json, vector_lanes
-from schedules.template import ScheduleContext, Template, load_templates
+from tecc.schedules.default import _inline_injective
+from tecc.schedules.lower import anchor_workloads, build_te, lower_primitive
+from tecc.schedules.space import Config, ConfigSpace
+from tecc.schedules.target import num_cores, target_to_json, vector_lanes
+from tecc.schedules.template import ScheduleContext, Template, load_templates
+from tvm import te
+from tvm.s_tir.schedule import Schedule
 
 CONV_TEMPLATES = ("conv2d_NCHWc", "depthwise_conv2d_NCHWc", "conv2d_winograd_NCHWc")
 
@@ -119,14 +118,14 @@ class Task:
         wl = self.workload
         lanes = vector_lanes(self.tvm_target)
         if self.template in CONV_TEMPLATES:
-            from schedules.templates_conv import conv_blocks
+            from tecc.schedules.templates_conv import conv_blocks
 
             blocks = conv_blocks(wl, dict(config), lanes) if config is not None else None
             if blocks is None:
                 blocks = conv_blocks(wl, self.template_obj.fallback_values(wl, lanes), lanes)
             return _conv_nchwc_func(call, wl, blocks)
         if self.kind == "dense_pack":
-            from schedules.templates_dense import dense_pack_block
+            from tecc.schedules.templates_dense import dense_pack_block
 
             nb = dense_pack_block(wl, None if config is None else dict(config), lanes,
                                   num_cores(self.tvm_target))
@@ -314,7 +313,7 @@ def task_from_workload(workload: dict[str, Any], target: Any, name: str | None =
 
 def resolve(target: Any) -> tvm.target.Target:
     if isinstance(target, str):
-        from schedules.target import resolve_target
+        from tecc.schedules.target import resolve_target
 
         return resolve_target(target)
     return _as_target(target)

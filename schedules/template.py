@@ -38,17 +38,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import tvm
+from tecc.schedules.space import Config, ConfigSpace
 from tvm.s_tir.schedule import Schedule
-
-from schedules.space import Config, ConfigSpace
 
 log = logging.getLogger(__name__)
 
 # Modules whose import registers templates (in this order).
 TEMPLATE_MODULES = (
-    "schedules.templates_dense",
-    "schedules.templates_conv",
-    "schedules.templates_reduce",
+    "tecc.schedules.templates_dense",
+    "tecc.schedules.templates_conv",
+    "tecc.schedules.templates_reduce",
 )
 
 

@@ -30,14 +30,14 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from frontend.ir import Call
-from frontend.ops import nchwc_kernel_dims, winograd_tile
-from graph_opt.layout import default_out_block_for, in_block, out_block_candidates
-from schedules.default import _acc_budget, _tile_epilogue_parallel, padding_producer
-from schedules.default import _vectorize_tail as vectorize_tail
-from schedules.space import Config, ConfigSpace
-from schedules.template import ScheduleContext, Template, register_template
-from schedules.templates_dense import _config_from_values
+from tecc.frontend.ir import Call
+from tecc.frontend.ops import nchwc_kernel_dims, winograd_tile
+from tecc.graph_opt.layout import default_out_block_for, in_block, out_block_candidates
+from tecc.schedules.default import _acc_budget, _tile_epilogue_parallel, padding_producer
+from tecc.schedules.default import _vectorize_tail as vectorize_tail
+from tecc.schedules.space import Config, ConfigSpace
+from tecc.schedules.template import ScheduleContext, Template, register_template
+from tecc.schedules.templates_dense import _config_from_values
 
 MAX_TILE_OW = 28  # AVX-512's accumulator budget with one vector per column
 # Where the zero padding of a padded conv is produced: "root" (the whole padded

@@ -24,9 +24,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from frontend.ir import Call
-from graph_opt.dense_pack import default_dense_block, dense_block_candidates
-from schedules.default import (
+from tecc.frontend.ir import Call
+from tecc.graph_opt.dense_pack import default_dense_block, dense_block_candidates
+from tecc.schedules.default import (
     COMM_REDUCE,
     _iter_types,
     _pack_map,
@@ -35,8 +35,8 @@ from schedules.default import (
     _tile_epilogue_parallel,
     _vectorize_tail,
 )
-from schedules.space import Config, ConfigSpace
-from schedules.template import ScheduleContext, Template, _jsonable, register_template
+from tecc.schedules.space import Config, ConfigSpace
+from tecc.schedules.template import ScheduleContext, Template, _jsonable, register_template
 
 TILE_M = (1, 2, 3, 4, 6, 8)
 TILE_MO = (1, 2, 4, 8, 16)

@@ -34,12 +34,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import tvm
+from tecc.schedules.default import padding_producer
+from tecc.schedules.space import Config, ConfigSpace
+from tecc.schedules.target import num_cores, vector_lanes
+from tecc.schedules.template import ScheduleContext, Template, register_template
 from tvm.s_tir.schedule import Schedule
-
-from schedules.default import padding_producer
-from schedules.space import Config, ConfigSpace
-from schedules.target import num_cores, vector_lanes
-from schedules.template import ScheduleContext, Template, register_template
 
 ANCHOR_ATTR = "tecc.anchor"
 DATA_PAR = 0

@@ -15,7 +15,7 @@ _COMPILER_API = {"compile", "CompiledModel", "import_model", "tune"}
 
 def load(path: str | os.PathLike) -> Any:
     """Load a deployment package (runtime only: no torch, no compiler)."""
-    import runtime
+    from tecc import runtime
 
     return runtime.load_package(os.fspath(path))
 

@@ -11,18 +11,17 @@ import numpy as np
 import torch
 import tvm
 
-import runtime
-from frontend.importer import ImportedModel, from_torch, load_pt2
-from frontend.ir import Call, Function, post_order
-from frontend.printer import astext
-from graph_opt.dense_pack import make_pack_dense
-from graph_opt.fuse_ops import primitive_per_op
-from graph_opt.layout import make_convert_layout
-from graph_opt.pass_manager import PassTrace, get_pass, run_passes
-from graph_opt.pipeline import optimize
-from schedules.target import resolve_target, target_to_json, vector_lanes
-from tecc import __version__
+from tecc import __version__, runtime
 from tecc.build import BuildResult, build
+from tecc.frontend.importer import ImportedModel, from_torch, load_pt2
+from tecc.frontend.ir import Call, Function, post_order
+from tecc.frontend.printer import astext
+from tecc.graph_opt.dense_pack import make_pack_dense
+from tecc.graph_opt.fuse_ops import primitive_per_op
+from tecc.graph_opt.layout import make_convert_layout
+from tecc.graph_opt.pass_manager import PassTrace, get_pass, run_passes
+from tecc.graph_opt.pipeline import optimize
+from tecc.schedules.target import resolve_target, target_to_json, vector_lanes
 from tecc.summary import CompileSummary, summarize
 from tecc.tuning import RecordsArg, TuningContext, task_table, warn_untuned
 
@@ -172,8 +171,8 @@ def tune(
     `cache_flush`: time every call with the kernel's weights flushed from the CPU caches
     (for models whose weights do not fit in cache; keep such records in their own file).
     Returns the per-task tuning states (their histories and best GFLOP/s)."""
-    from autotune.tune import plot_curves, tune_tasks
-    from schedules.tasks import extract_tasks
+    from tecc.autotune.tune import plot_curves, tune_tasks
+    from tecc.schedules.tasks import extract_tasks
 
     timings: dict[str, float] = {}
     _, partitioned, _, _, tvm_target = _graph(model, example_inputs, target, 3, None, None,
@@ -197,7 +196,7 @@ def tune(
 
 def task_weights(partitioned: Function, target: Any, tasks: list) -> list[int]:
     """How many kernel calls of the model run each task's workload."""
-    from schedules.tasks import anchors_of, workload_json
+    from tecc.schedules.tasks import anchors_of, workload_json
 
     index = {workload_json(t.workload): i for i, t in enumerate(tasks)}
     counts = [0] * len(tasks)

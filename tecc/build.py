@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import tvm
 
-from frontend.ir import (
+from tecc.frontend.ir import (
     Call,
     Constant,
     Function,
@@ -26,10 +26,10 @@ from frontend.ir import (
     post_order,
     structural_digest,
 )
-from frontend.ops import Pattern, get_op
-from graph_opt.fuse_ops import is_primitive_call
-from graph_opt.memory_plan import MemoryPlan, Step, plan_memory
-from schedules.lower import lower_primitive
+from tecc.frontend.ops import Pattern, get_op
+from tecc.graph_opt.fuse_ops import is_primitive_call
+from tecc.graph_opt.memory_plan import MemoryPlan, Step, plan_memory
+from tecc.schedules.lower import lower_primitive
 
 
 @dataclass

@@ -62,7 +62,7 @@ def cmd_records(args: argparse.Namespace) -> int:
     """Inspect, merge, or keep the best record per workload and target."""
     import json
 
-    from autotune.records import best_records, exact_target_key, load_records
+    from tecc.autotune.records import best_records, exact_target_key, load_records
 
     records, skipped = load_records(args.files)
     if args.action == "show":
@@ -90,7 +90,7 @@ def cmd_records(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    import runtime
+    from tecc import runtime
 
     package = runtime.load_package(args.package)
     specs = package.input_specs

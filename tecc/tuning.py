@@ -22,12 +22,12 @@ from typing import Any
 
 import tvm
 
-from autotune.records import Choice, RecordDatabase, _record_files, workload_key
-from frontend.ir import Call
-from graph_opt.layout import WINOGRAD_DEFAULT_TILE, default_winograd_tile, winograd_eligible
-from schedules.target import num_cores, target_to_json
-from schedules.templates_conv import CONV2D, DEPTHWISE, WINOGRAD, conv_blocks, conv_workload
-from schedules.templates_dense import DENSE, dense_pack_block
+from tecc.autotune.records import Choice, RecordDatabase, _record_files, workload_key
+from tecc.frontend.ir import Call
+from tecc.graph_opt.layout import WINOGRAD_DEFAULT_TILE, default_winograd_tile, winograd_eligible
+from tecc.schedules.target import num_cores, target_to_json
+from tecc.schedules.templates_conv import CONV2D, DEPTHWISE, WINOGRAD, conv_blocks, conv_workload
+from tecc.schedules.templates_dense import DENSE, dense_pack_block
 
 RecordsArg = str | os.PathLike | Sequence[str | os.PathLike] | None
 

@@ -3,9 +3,8 @@
 import numpy as np
 import pytest
 import torch
-
-from frontend.importer import UnsupportedOperatorError, from_torch, load_pt2
-from frontend.ir import (
+from tecc.frontend.importer import UnsupportedOperatorError, from_torch, load_pt2
+from tecc.frontend.ir import (
     Call,
     Constant,
     Function,
@@ -15,8 +14,9 @@ from frontend.ir import (
     structural_equal,
     structural_hash,
 )
-from frontend.ops import Pattern, get_op, registered_ops
-from frontend.printer import astext
+from tecc.frontend.ops import Pattern, get_op, registered_ops
+from tecc.frontend.printer import astext
+
 from tests.models import MLP, resnet18
 
 

@@ -1,12 +1,12 @@
 """FuseOps: which ops end up in one kernel, and that fusing changes no result."""
 
 import numpy as np
+from tecc.frontend.ir import Call, Constant, Function, TensorType, Var, post_order
+from tecc.graph_opt.fuse_ops import fuse_ops, is_primitive_call
+from tecc.graph_opt.pipeline import optimize
+from tecc.runtime import Executor
+from tecc.schedules.target import resolve_target
 
-from frontend.ir import Call, Constant, Function, TensorType, Var, post_order
-from graph_opt.fuse_ops import fuse_ops, is_primitive_call
-from graph_opt.pipeline import optimize
-from runtime import Executor
-from schedules.target import resolve_target
 from tecc.build import build, ops_of
 
 RNG = np.random.default_rng(0)

@@ -8,9 +8,8 @@ import collections
 import numpy as np
 import pytest
 import torch
-
-from frontend.importer import from_torch
-from frontend.ir import (
+from tecc.frontend.importer import from_torch
+from tecc.frontend.ir import (
     Call,
     Constant,
     Expr,
@@ -22,20 +21,21 @@ from frontend.ir import (
     post_order,
     structural_equal,
 )
-from frontend.ops import Pattern, get_op
-from graph_opt.evaluate import EVALUATORS, evaluate_call
-from graph_opt.fuse_ops import primitive_per_op
-from graph_opt.pass_manager import PassTrace, check_types
-from graph_opt.passes import (
+from tecc.frontend.ops import Pattern, get_op
+from tecc.graph_opt.evaluate import EVALUATORS, evaluate_call
+from tecc.graph_opt.fuse_ops import primitive_per_op
+from tecc.graph_opt.pass_manager import PassTrace, check_types
+from tecc.graph_opt.passes import (
     eliminate_common_subexpr,
     eliminate_dead_code,
     fold_batch_norm,
     fold_constants,
     simplify,
 )
-from graph_opt.pipeline import optimization_pipeline, optimize
-from runtime import Executor
-from schedules.target import resolve_target
+from tecc.graph_opt.pipeline import optimization_pipeline, optimize
+from tecc.runtime import Executor
+from tecc.schedules.target import resolve_target
+
 from tecc.build import build
 from tests import models
 from tests.util import flatten, max_rel_error
@@ -343,7 +343,7 @@ def test_every_pure_op_with_a_simple_definition_has_an_evaluator():
     unfolded = {"nn.conv2d", "nn.max_pool2d", "nn.avg_pool2d", "nn.adaptive_avg_pool2d",
                 "nn.softmax", "nn.log_softmax", "nn.layer_norm", "nn.batch_norm",
                 "nn.conv2d_NCHWc"}
-    from frontend.ops import registered_ops
+    from tecc.frontend.ops import registered_ops
     missing = set(registered_ops()) - set(EVALUATORS) - unfolded
     assert not missing, missing
 

@@ -10,12 +10,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 import tvm
-
-from frontend.ir import Call, Constant, Expr, Function, TensorType, Tuple, TupleGetItem, Var
-from frontend.ops import registered_ops
-from schedules.computes import registered_computes
-from schedules.lower import lower_primitive
-from schedules.target import (
+from tecc.frontend.ir import Call, Constant, Expr, Function, TensorType, Tuple, TupleGetItem, Var
+from tecc.frontend.ops import registered_ops
+from tecc.schedules.computes import registered_computes
+from tecc.schedules.lower import lower_primitive
+from tecc.schedules.target import (
     host_cpu_info,
     num_cores,
     resolve_target,

@@ -7,12 +7,10 @@ import numpy as np
 import pytest
 import torch
 import tvm
-
-import runtime
-from frontend.ir import Call, Constant, Expr, Function, TensorType, Var, post_order
-from frontend.ops import get_op
-from graph_opt.fuse_ops import fuse_ops
-from graph_opt.layout import (
+from tecc.frontend.ir import Call, Constant, Expr, Function, TensorType, Var, post_order
+from tecc.frontend.ops import get_op
+from tecc.graph_opt.fuse_ops import fuse_ops
+from tecc.graph_opt.layout import (
     LANES_ATTR,
     WINOGRAD_MATRICES,
     convert_layout,
@@ -23,8 +21,10 @@ from graph_opt.layout import (
     pack_depthwise_weight,
     to_nchwc,
 )
-from graph_opt.pipeline import optimize
-from schedules.lower import lower_primitive
+from tecc.graph_opt.pipeline import optimize
+from tecc.schedules.lower import lower_primitive
+
+from tecc import runtime
 from tecc.build import build
 
 TARGET = tvm.target.Target({"kind": "llvm", "mcpu": "core-avx2", "num-cores": 2})
@@ -199,7 +199,7 @@ def test_depthwise_and_grouped_convs():
 
 
 def test_the_pass_is_registered_and_can_be_disabled():
-    from graph_opt.pass_manager import get_pass
+    from tecc.graph_opt.pass_manager import get_pass
 
     p = get_pass("convert_layout_nchwc")
     assert p.opt_level == 3
@@ -417,9 +417,10 @@ def test_input_conv_reads_in_place_unless_much_slower(tmp_path, in_place_extra_s
     # The RGB input's conv: a record reading NCHW in place (ic_bn 1) is chosen over a
     # faster one reading NCHW3c while the difference is below what the transform into
     # NCHW3c costs (3x224x224: about 75 us), and the input then reaches it unmoved.
-    from autotune.records import Record, RecordWriter
-    from schedules.target import target_to_json
-    from schedules.templates_conv import CONV2D, conv_workload
+    from tecc.autotune.records import Record, RecordWriter
+    from tecc.schedules.target import target_to_json
+    from tecc.schedules.templates_conv import CONV2D, conv_workload
+
     from tecc.tuning import TuningContext
 
     x = Var("x", TensorType((1, 3, 224, 224), "float32"))

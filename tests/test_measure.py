@@ -17,10 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 import tvm
-from tvm import te
-from tvm.s_tir.schedule import Schedule
-
-from autotune.measure import (
+from tecc.autotune.measure import (
     CUTOFF_FLOOR_S,
     LocalBuilder,
     LocalRunner,
@@ -30,10 +27,12 @@ from autotune.measure import (
     compare_outputs,
     measure_batch,
 )
-from autotune.records import RecordWriter, load_records
-from autotune.task import TunableTask
-from schedules.space import Config, ConfigSpace
-from schedules.target import resolve_target, target_to_json
+from tecc.autotune.records import RecordWriter, load_records
+from tecc.autotune.task import TunableTask
+from tecc.schedules.space import Config, ConfigSpace
+from tecc.schedules.target import resolve_target, target_to_json
+from tvm import te
+from tvm.s_tir.schedule import Schedule
 
 N = 64
 SLOW = 512
@@ -240,7 +239,7 @@ def test_a_worker_that_cannot_start_reports_why():
     # caller, and cleaning up the worker afterwards is a no-op
     import multiprocessing
 
-    from autotune.measure import _Worker
+    from tecc.autotune.measure import _Worker
 
     class Refusing:
         Pipe = staticmethod(multiprocessing.get_context("spawn").Pipe)

@@ -4,12 +4,12 @@ planned graph computes what the unplanned one does."""
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tecc.frontend.ir import Call, Function, TensorType, Tuple, Var
+from tecc.graph_opt.fuse_ops import fuse_ops
+from tecc.graph_opt.memory_plan import Step, plan_memory
+from tecc.runtime import Executor
+from tecc.schedules.target import resolve_target
 
-from frontend.ir import Call, Function, TensorType, Tuple, Var
-from graph_opt.fuse_ops import fuse_ops
-from graph_opt.memory_plan import Step, plan_memory
-from runtime import Executor
-from schedules.target import resolve_target
 from tecc.build import build
 
 

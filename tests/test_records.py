@@ -5,8 +5,7 @@ import json
 import warnings
 
 import pytest
-
-from autotune.records import Record, RecordDatabase, RecordWriter, isa_family, load_records
+from tecc.autotune.records import Record, RecordDatabase, RecordWriter, isa_family, load_records
 
 AVX2 = {"kind": "llvm", "mcpu": "core-avx2", "num-cores": 2}
 ZEN = {"kind": "llvm", "mcpu": "znver3", "num-cores": 16}
@@ -120,7 +119,7 @@ def test_latest_verification_session_decides_by_median(tmp_path):
     # a session on a compatible target also decides there
     assert RecordDatabase(records).choose(DENSE, ZEN).config == {"tile": 8}
 
-    from autotune.records import best_records
+    from tecc.autotune.records import best_records
 
     kept = best_records(records)
     assert {r.verify for r in kept} == {"s2"} and len(kept) == 9

@@ -5,8 +5,7 @@ import math
 import random
 
 import pytest
-
-from schedules.space import ConfigSpace, factorizations
+from tecc.schedules.space import ConfigSpace, factorizations
 
 
 def make_space() -> ConfigSpace:

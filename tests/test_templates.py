@@ -17,14 +17,14 @@ import numpy as np
 import pytest
 import torch
 import tvm
+from tecc.frontend.ir import Call, Function, TensorType, Var
+from tecc.graph_opt.layout import make_convert_layout
+from tecc.schedules.lower import lower_primitive
+from tecc.schedules.target import target_to_json
+from tecc.schedules.tasks import Task, extract_tasks, task_from_workload
+from tecc.schedules.template import TEMPLATES, load_templates
 
 import tecc
-from frontend.ir import Call, Function, TensorType, Var
-from graph_opt.layout import make_convert_layout
-from schedules.lower import lower_primitive
-from schedules.target import target_to_json
-from schedules.tasks import Task, extract_tasks, task_from_workload
-from schedules.template import TEMPLATES, load_templates
 
 TARGET = tvm.target.Target({"kind": "llvm", "mcpu": "core-avx2", "num-cores": 2})
 DEV = tvm.cpu()
@@ -244,8 +244,8 @@ def test_lower_primitive_config_and_info():
 
 
 def test_layout_pass_honours_conv_blocks():
-    from frontend.ir import Constant
-    from graph_opt.evaluate import evaluate_call  # noqa: F401 - registers evaluators
+    from tecc.frontend.ir import Constant
+    from tecc.graph_opt.evaluate import evaluate_call  # noqa: F401 - registers evaluators
 
     rng = np.random.default_rng(0)
     x = Var("x", TensorType((1, 16, 8, 8), "float32"))
@@ -264,7 +264,7 @@ def test_layout_pass_honours_conv_blocks():
 
 
 def _calls(func):
-    from frontend.ir import post_order
+    from tecc.frontend.ir import post_order
 
     return [n for n in post_order(func.body) if isinstance(n, Call) and isinstance(n.op, str)]
 

@@ -12,14 +12,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 import tvm
+from tecc.frontend.ir import Attrs, TensorType
+from tecc.schedules import templates_reduce as tr
+from tecc.schedules.computes import get_compute
+from tecc.schedules.target import resolve_target
+from tecc.schedules.template import TEMPLATES
 from tvm import te
 from tvm.s_tir.schedule import Schedule
-
-from frontend.ir import Attrs, TensorType
-from schedules import templates_reduce as tr
-from schedules.computes import get_compute
-from schedules.target import resolve_target
-from schedules.template import TEMPLATES
 
 TARGET = resolve_target("llvm")
 SAMPLES = 20

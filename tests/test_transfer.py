@@ -8,13 +8,12 @@ import random
 
 import numpy as np
 import pytest
-
-from autotune.records import Record
-from autotune.transfer import PER_WORKLOAD, TransferSource
-from autotune.tune import TaskState, _pretrain
-from autotune.tuner import XGBTuner
-from schedules.target import resolve_target, target_to_json
-from schedules.tasks import task_from_workload
+from tecc.autotune.records import Record
+from tecc.autotune.transfer import PER_WORKLOAD, TransferSource
+from tecc.autotune.tune import TaskState, _pretrain
+from tecc.autotune.tuner import XGBTuner
+from tecc.schedules.target import resolve_target, target_to_json
+from tecc.schedules.tasks import task_from_workload
 
 TARGET = resolve_target("llvm")
 

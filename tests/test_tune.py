@@ -14,12 +14,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from tecc.autotune.records import load_records
+from tecc.autotune.tune import TaskState, model_time_estimate, run_schedule, schedule_steps
+from tecc.autotune.tuner import GridTuner, RandomTuner, XGBTuner, make_tuner
+from tecc.schedules.space import ConfigSpace
 
 import tecc
-from autotune.records import load_records
-from autotune.tune import TaskState, model_time_estimate, run_schedule, schedule_steps
-from autotune.tuner import GridTuner, RandomTuner, XGBTuner, make_tuner
-from schedules.space import ConfigSpace
 from tests.models import mlp_example
 from tests.util import assert_close
 
@@ -251,16 +251,16 @@ def test_tuned_records_are_applied(tmp_path):
 
 
 def test_cache_flush_reaches_the_runner(tmp_path, monkeypatch):
-    import autotune.tune
+    import tecc.autotune.tune
 
     made: list[dict] = []
 
-    class SpyRunner(autotune.tune.LocalRunner):
+    class SpyRunner(tecc.autotune.tune.LocalRunner):
         def __init__(self, **options):
             made.append(options)
             super().__init__(**options)
 
-    monkeypatch.setattr(autotune.tune, "LocalRunner", SpyRunner)
+    monkeypatch.setattr(tecc.autotune.tune, "LocalRunner", SpyRunner)
     model, inputs = mlp_example()
     for flush in (False, True):
         states = tecc.tune(model, inputs, records=tmp_path / f"{flush}.jsonl", trials=3,

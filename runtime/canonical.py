@@ -1,0 +1,12 @@
+"""Canonical JSON: one spelling of a value, so that equal values give equal strings
+(workload keys, config keys, digests) on every machine."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+
+def canonical_json(value: Any) -> str:
+    """`value` as compact JSON with sorted keys."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))

@@ -98,11 +98,16 @@ def build_result(outcome: JobOutcome) -> BuildResult:
 
 
 class LocalBuilder:
-    """Builds candidates in `n_parallel` worker processes into a private temp folder
-    (removed by close()). The workers persist across batches."""
+    """Builds candidates in `n_parallel` worker processes (None: one per CPU this
+    process may run on) into a private temp folder (removed by close()). The workers
+    persist across batches."""
 
-    def __init__(self, n_parallel: int = 2, timeout_s: float = 30.0,
+    def __init__(self, n_parallel: int | None = None, timeout_s: float = 30.0,
                  out_dir: str | None = None) -> None:
+        if n_parallel is None:
+            from tecc.runtime.cpu import host_cores
+
+            n_parallel = host_cores()
         self.timeout_s = timeout_s
         self._own_dir = out_dir is None
         self.out_dir = out_dir or tempfile.mkdtemp(prefix="tecc-build-")

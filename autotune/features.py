@@ -9,6 +9,7 @@ configs again and again.
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
@@ -16,38 +17,35 @@ import numpy as np
 
 log = logging.getLogger(__name__)
 
-_EXTRACTOR: Any = None
-_CONTEXTS: dict[str, Any] = {}
 
-
+@functools.cache
 def _per_store_extractor() -> Any:
-    global _EXTRACTOR
-    if _EXTRACTOR is None:
-        from tvm.s_tir import meta_schedule as ms
+    from tvm.s_tir import meta_schedule as ms
 
-        _EXTRACTOR = ms.feature_extractor.PerStoreFeature()
-    return _EXTRACTOR
+    return ms.feature_extractor.PerStoreFeature()
 
 
 def _tune_context(target: Any) -> Any:
-    """A bare TuneContext holding the target, one per target.
+    """A bare TuneContext holding the target, one per target (by its text: tvm
+    Targets hash by identity)."""
+    return _tune_context_of(str(target))
 
-    Built through the FFI constructor: TuneContext.__init__ first imports every
+
+@functools.cache
+def _tune_context_of(target_text: str) -> Any:
+    """Built through the FFI constructor: TuneContext.__init__ first imports every
     tensor intrinsic TVM ships (CUDA, ROCm, Hexagon, ...), which takes about a
-    minute per process and which the per-store features do not use.
-    """
-    key = str(target)
-    if key not in _CONTEXTS:
-        from tvm.s_tir.meta_schedule import _ffi_api
-        from tvm.s_tir.meta_schedule.logging import get_logger, get_logging_func
-        from tvm.s_tir.meta_schedule.tune_context import TuneContext
+    minute per process and which the per-store features do not use."""
+    import tvm
+    from tvm.s_tir.meta_schedule import _ffi_api
+    from tvm.s_tir.meta_schedule.logging import get_logger, get_logging_func
+    from tvm.s_tir.meta_schedule.tune_context import TuneContext
 
-        context = TuneContext.__new__(TuneContext)
-        context.__init_handle_by_constructor__(
-            _ffi_api.TuneContext, None, target, None, None, "main", 1, -1,
-            get_logging_func(get_logger(__name__)))
-        _CONTEXTS[key] = context
-    return _CONTEXTS[key]
+    context = TuneContext.__new__(TuneContext)
+    context.__init_handle_by_constructor__(
+        _ffi_api.TuneContext, None, tvm.target.Target(target_text), None, None, "main", 1,
+        -1, get_logging_func(get_logger(__name__)))
+    return context
 
 
 LOOP_FEATURES = 164 * 3  # mean, max and sum over the stores of PerStoreFeature's 164

@@ -1,8 +1,9 @@
 """What the measurement layer needs from a tuning task.
 
 A task is one distinct workload on one target (DESIGN.md, "Tasks and workload keys").
-autotune/measure.py only talks to tasks through this protocol, so a task may be a
-fused group of a model or a hand-written kernel in a test.
+The builder (tecc.autotune.builder) and the task side of measuring
+(tecc.autotune.measure) only talk to tasks through this protocol, so a task may be a
+fused group of a model or a hand-written kernel in a test; the runner never sees one.
 
 Tasks are pickled and sent to the build worker processes (spawned interpreters), so a
 task class must be importable by its module path and its fields picklable (shapes,
@@ -26,7 +27,7 @@ class TunableTask(Protocol):
     name:      a short readable name (logs, file names).
     workload:  the workload key's JSON (template, shapes, dtypes, anchor attributes);
                written to every tuning record as is.
-    target:    a tvm.target.Target or its JSON dict (schedules.target.target_to_json).
+    target:    a tvm.target.Target or its JSON dict (tecc.target.target_to_json).
 
     build_primfunc(config): the scheduled PrimFunc for `config`, arguments in the
         order inputs then outputs, static shapes. Runs in a build worker process.

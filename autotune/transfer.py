@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from tecc.autotune.cost_model import normalized_throughputs
 from tecc.autotune.features import FeatureCache
 from tecc.autotune.records import Record, workload_key
 
@@ -100,8 +101,7 @@ class TransferSource:
                 rest = ranked[limit // 2:]
                 keep += self.rng.sample(rest, min(len(rest), limit - len(keep)))
                 chosen = [configs[i] for i in keep]
-                costs = np.array([best[i] for i in keep])
-                throughputs = np.where(np.isfinite(costs), ok[0] / costs, 0.0)
+                throughputs = normalized_throughputs(np.array([best[i] for i in keep]))
                 result = (FeatureCache(task, use_loop_features)(chosen), throughputs)
         except Exception as err:  # noqa: BLE001 - a source that does not build is skipped
             log.debug("transfer source %s skipped: %s", key, err)

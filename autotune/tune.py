@@ -28,19 +28,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tecc.autotune.measure import (
-    Builder,
-    LocalBuilder,
-    LocalRunner,
-    MeasureInput,
-    Runner,
-    measure_batch,
-    record_of,
-    remove_built,
-)
+from tecc.autotune.builder import Builder, LocalBuilder, remove_built
+from tecc.autotune.measure import MeasureInput, measure_batch, record_of, run_built
 from tecc.autotune.records import Record, RecordWriter, exact_target_key, load_records, workload_key
+from tecc.autotune.runner import LocalRunner, Runner
 from tecc.autotune.transfer import TransferSource
-from tecc.autotune.tuner import Tuner, XGBTuner, make_tuner
+from tecc.autotune.tuner import Tuner, make_tuner
 from tecc.schedules.space import Config
 from tqdm import tqdm
 
@@ -127,8 +120,10 @@ def _resume(state: TaskState, records: list[Record], target: dict[str, Any]) -> 
 
 def _pretrain(states: Sequence[TaskState], records: list[Record], target: Any,
               seed: int) -> int:
-    """Transfer learning for the xgb tasks that start without records of their own."""
-    fresh = [s for s in states if s.trials == 0 and isinstance(s.tuner, XGBTuner)]
+    """Transfer learning for the tasks with a cost model that start without records of
+    their own."""
+    fresh = [s for s in states if s.trials == 0 and s.tuner.model is not None
+             and s.tuner.features is not None]
     if not fresh or not records:
         return 0
     source = TransferSource(records, target, seed)
@@ -205,7 +200,7 @@ def tune_tasks(
                             f"~{elapsed / spent * (budget - spent):.0f}s left")
 
     with RecordWriter(path, tecc_version, tvm_version) as writer, \
-            LocalBuilder(n_parallel=2, timeout_s=max(timeout_s, 30.0)) as builder, \
+            LocalBuilder(timeout_s=max(timeout_s, 30.0)) as builder, \
             LocalRunner(**options) as runner:
         run_schedule(states, budget, batch_size,
                      lambda state, batch: measure_batch(
@@ -246,9 +241,9 @@ def verify_best(states: Sequence[TaskState], builder: Builder, runner: Runner,
                 # each round starts at another candidate: none is always the first run
                 # after a build, or always the last
                 order = [(i + r) % len(inputs) for i in range(len(inputs))]
-                runner.run([inputs[i] for i in order], [built[i] for i in order],
-                           lambda j, result, order=order, inputs=inputs: writer.write(
-                               record_of(inputs[order[j]], result, verify=session)))
+                run_built(runner, [inputs[i] for i in order], [built[i] for i in order],
+                          lambda j, result, order=order, inputs=inputs: writer.write(
+                              record_of(inputs[order[j]], result, verify=session)))
                 bar.update(1)
         finally:
             remove_built(built)
@@ -386,8 +381,22 @@ def model_time_estimate(states: Sequence[TaskState]) -> float:
     return sum(s.weight * s.best_cost for s in states if math.isfinite(s.best_cost))
 
 
+PLOT_EXTRA = "pip install tecc[plot]"
+
+
+def require_plotting() -> None:
+    """Raises a clear error when matplotlib, which plot_curves needs, is missing: call
+    it before tuning, not after hours of it."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as err:
+        raise ModuleNotFoundError(f"plotting tuning curves needs matplotlib: {PLOT_EXTRA}",
+                                  name="matplotlib") from err
+
+
 def plot_curves(states: Sequence[TaskState], path: str | Path) -> None:
     """Best GFLOP/s against trials, one line per task."""
+    require_plotting()
     import matplotlib
 
     matplotlib.use("Agg")

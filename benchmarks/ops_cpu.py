@@ -20,7 +20,9 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tecc.autotune.measure import LocalBuilder, LocalRunner, MeasureInput, measure_batch  # noqa: E402
+from tecc.autotune.builder import LocalBuilder  # noqa: E402
+from tecc.autotune.measure import MeasureInput, measure_batch  # noqa: E402
+from tecc.autotune.runner import LocalRunner  # noqa: E402
 from tecc.autotune.tuner import RandomTuner  # noqa: E402
 from tecc.frontend.ir import Call, Constant, Function, TensorType, Var  # noqa: E402
 from tecc.graph_opt.fuse_ops import fuse_ops  # noqa: E402

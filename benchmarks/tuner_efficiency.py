@@ -24,7 +24,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tecc.autotune.measure import LocalBuilder, LocalRunner, MeasureInput, measure_batch  # noqa: E402
+from tecc.autotune.builder import LocalBuilder  # noqa: E402
+from tecc.autotune.measure import MeasureInput, measure_batch  # noqa: E402
+from tecc.autotune.runner import LocalRunner  # noqa: E402
 from tecc.autotune.tuner import make_tuner  # noqa: E402
 from tecc.schedules.target import resolve_target  # noqa: E402
 

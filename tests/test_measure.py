@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import signal
 import subprocess
 import sys
@@ -17,17 +18,19 @@ from typing import Any
 import numpy as np
 import pytest
 import tvm
-from tecc.autotune.measure import (
-    CUTOFF_FLOOR_S,
-    LocalBuilder,
-    LocalRunner,
-    MeasureInput,
-    MeasureResult,
-    WorkerPool,
-    compare_outputs,
-    measure_batch,
-)
+from tecc.autotune.builder import Builder, LocalBuilder, remove_built
+from tecc.autotune.measure import MeasureInput, MeasureResult, measure_batch
+from tecc.autotune.pool import WorkerPool
 from tecc.autotune.records import RecordWriter, load_records
+from tecc.autotune.runner import (
+    CUTOFF_FLOOR_S,
+    LocalRunner,
+    RunJob,
+    Runner,
+    RunOptions,
+    RunOutcome,
+    compare_outputs,
+)
 from tecc.autotune.task import TunableTask
 from tecc.schedules.space import Config, ConfigSpace
 from tecc.schedules.target import resolve_target, target_to_json
@@ -183,7 +186,8 @@ def test_slow_candidates_keep_their_first_call(task, builder):
 
 def test_measure_module_imports_without_tvm():
     # the running side ships with the TVM runtime only; importing it loads no tvm
-    code = ("import sys, autotune.measure, autotune.task; "
+    code = ("import sys, tecc.autotune.measure, tecc.autotune.builder, "
+            "tecc.autotune.runner, tecc.autotune.task; "
             "sys.exit(1 if 'tvm' in sys.modules else 0)")
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
 
@@ -239,7 +243,7 @@ def test_a_worker_that_cannot_start_reports_why():
     # caller, and cleaning up the worker afterwards is a no-op
     import multiprocessing
 
-    from tecc.autotune.measure import _Worker
+    from tecc.autotune.pool import _Worker
 
     class Refusing:
         Pipe = staticmethod(multiprocessing.get_context("spawn").Pipe)
@@ -256,3 +260,95 @@ def test_a_worker_that_cannot_start_reports_why():
         worker.start(1.0)
     worker.kill()
     assert worker.proc is None and worker.state == "down"
+
+
+RUNNER_WITHOUT_COMPILER = r"""
+import json, sys
+
+class NoCompiler:
+    # A GPU host that has the TVM runtime only: no torch, none of tecc's compiler.
+    BLOCKED = ("torch", "tecc.frontend", "tecc.graph_opt", "tecc.schedules", "tecc.api",
+               "tecc.autotune.builder", "tecc.autotune.measure")
+
+    def find_spec(self, name, path=None, target=None):
+        if any(name == b or name.startswith(b + ".") for b in self.BLOCKED):
+            raise ModuleNotFoundError(f"No module named {name!r}")
+
+sys.meta_path.insert(0, NoCompiler())
+import numpy as np
+from tecc.autotune.runner import LocalRunner, RunJob
+
+data = np.load(sys.argv[2])
+inputs, expected = [data["a"], data["b"]], [data["c"]]
+specs = [(tuple(s), d) for s, d in json.loads(sys.argv[3])]
+with LocalRunner(number=2, repeat=2, min_repeat_ms=0, timeout_s=30) as runner:
+    good, wrong = runner.run([RunJob(sys.argv[1], inputs, specs, expected),
+                              RunJob(sys.argv[1], inputs, specs, [expected[0] + 1])])
+assert good.ok and len(good.costs_s) == 2, good
+assert wrong.error.startswith("wrong_result: "), wrong
+assert "libtvm_compiler" not in open("/proc/self/maps").read()
+print("OK")
+"""
+
+
+def test_runner_runs_without_the_compiler(task, builder, tmp_path):
+    # a library built here, timed by a process that cannot import the compiler or torch
+    config = cfg()
+    built, = builder.build([MeasureInput(task, config)])
+    try:
+        assert built.error is None and built.path
+        a, b = task.reference_inputs(7)
+        np.savez(tmp_path / "io.npz", a=a, b=b, c=task.reference_outputs([a, b])[0])
+        proc = subprocess.run(
+            [sys.executable, "-c", RUNNER_WITHOUT_COMPILER, built.path,
+             str(tmp_path / "io.npz"), json.dumps(built.arg_specs[2:])],
+            capture_output=True, text=True, timeout=300,
+            env={**os.environ, "TVM_USE_RUNTIME_LIB": "1"})
+        assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
+    finally:
+        remove_built([built])
+
+
+@dataclass
+class RecordingRunner:
+    """Another Runner: takes the jobs measure_batch hands it, reports fixed timings."""
+
+    options: RunOptions = field(default_factory=RunOptions)
+    jobs: list[RunJob] = field(default_factory=list)
+
+    def run(self, jobs, on_done=None):
+        self.jobs += jobs
+        outcomes = [RunOutcome([1e-3 * (i + 1)], None, 0.5) for i in range(len(jobs))]
+        for i, outcome in enumerate(outcomes):
+            if on_done is not None:
+                on_done(i, outcome)
+        return outcomes
+
+    def close(self) -> None:
+        pass
+
+
+def test_measure_batch_takes_any_runner(task, builder, runner, tmp_path):
+    assert isinstance(runner, Runner) and isinstance(builder, Builder)
+    runner = RecordingRunner()
+    assert isinstance(runner, Runner)
+    configs = [cfg(), cfg(fault="build_error"), cfg(4, 32)]
+    with RecordWriter(tmp_path / "r.jsonl") as writer:
+        results = measure_batch(builder, runner, [MeasureInput(task, c) for c in configs],
+                                writer)
+    # the failed build never reaches the runner; the others come back in order
+    assert [r.error_kind for r in results] == [None, "build_error", None]
+    assert [r.costs_s for r in results] == [[1e-3], [], [2e-3]]
+    assert results[0].all_cost > 0.5
+    assert len(runner.jobs) == 2 and len({j.key for j in runner.jobs}) == 1
+    inputs = task.reference_inputs(runner.options.seed)
+    for job in runner.jobs:
+        assert job.device == "cpu" and job.output_specs == [((N, N), "float32")]
+        np.testing.assert_array_equal(job.inputs[0], inputs[0])
+        np.testing.assert_allclose(job.expected[0], inputs[0] @ inputs[1], rtol=1e-6)
+    records, _ = load_records(tmp_path / "r.jsonl")
+    assert [r.costs_s for r in records] == [[1e-3], [], [2e-3]]
+
+    unchecked = RecordingRunner(RunOptions(check_correctness=False))
+    measure_batch(builder, unchecked, [MeasureInput(task, cfg())])
+    assert unchecked.jobs[0].expected is None

@@ -14,9 +14,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from tecc.autotune.cost_model import CostModel, XGBCostModel, normalized_throughputs
+from tecc.autotune.features import FeatureCache
 from tecc.autotune.records import load_records
-from tecc.autotune.tune import TaskState, model_time_estimate, run_schedule, schedule_steps
-from tecc.autotune.tuner import GridTuner, RandomTuner, XGBTuner, make_tuner
+from tecc.autotune.search import AnnealingSearch, RandomSearch, SearchStrategy
+from tecc.autotune.tune import (
+    TaskState,
+    model_time_estimate,
+    plot_curves,
+    run_schedule,
+    schedule_steps,
+)
+from tecc.autotune.tuner import GridTuner, RandomTuner, Tuner, XGBTuner, make_tuner
 from tecc.schedules.space import ConfigSpace
 
 import tecc
@@ -269,3 +278,119 @@ def test_cache_flush_reaches_the_runner(tmp_path, monkeypatch):
         assert all(math.isfinite(s.best_cost) for s in states if s.trials)
     assert [o.get("cache_flush", False) for o in made] == [False, True]
     assert made[1]["number"] == 1 and made[1]["min_repeat_ms"] == 0
+
+
+def test_tuner_names_are_a_search_strategy_and_a_cost_model():
+    task = SyntheticTask()
+    xgb = make_tuner("xgb", task)
+    assert isinstance(xgb.strategy, AnnealingSearch) and isinstance(xgb.model, XGBCostModel)
+    assert isinstance(xgb.strategy, SearchStrategy) and isinstance(xgb.model, CostModel)
+    random_tuner = make_tuner("random", task)
+    assert isinstance(random_tuner.strategy, RandomSearch) and random_tuner.model is None
+    with pytest.raises(ValueError, match="choose one of"):
+        make_tuner("annealing", task)
+    with pytest.raises(ValueError, match="no cost model"):
+        random_tuner.pretrain(np.zeros((2, 5)), np.ones(2))
+
+
+class HighestFirst:
+    """A search strategy of its own: the unmeasured configs from the last index down."""
+
+    def propose(self, n, space, history, score):
+        free = [i for i in reversed(range(len(space))) if i not in history.visited]
+        return [space.get(i) for i in free[:n]]
+
+
+class OracleModel:
+    """A cost model of its own that knows the synthetic cost of each feature row once
+    it has been fitted; it records what the tuner fits it on."""
+
+    def __init__(self, task: SyntheticTask) -> None:
+        features = FeatureCache(task, use_loop_features=False)
+        self.truth = {tuple(features([c])[0]): -task.cost(c) for c in task.space}
+        self.fitted: list[np.ndarray] = []
+
+    @property
+    def trained(self) -> bool:
+        return bool(self.fitted)
+
+    def fit(self, features, costs):
+        assert len(features) == len(costs)
+        self.fitted.append(np.asarray(costs))
+
+    def predict(self, features):
+        return np.array([self.truth[tuple(row)] for row in features])
+
+    def pretrain(self, features, throughputs, groups=None):
+        raise NotImplementedError
+
+
+def test_tuners_take_any_strategy_and_model():
+    task = SyntheticTask()
+    tuner = Tuner(task, HighestFirst())
+    tuner.tune(20, synthetic_measure(task), batch_size=8)
+    assert [c.index for c in tuner.history.configs] == list(range(251, 231, -1))
+
+    oracle = OracleModel(task)
+    assert isinstance(oracle, CostModel) and isinstance(HighestFirst(), SearchStrategy)
+    guided = Tuner(task, AnnealingSearch(seed=0), oracle,
+                   FeatureCache(task, use_loop_features=False))
+    guided.tune(32, synthetic_measure(task, fail_every=5), batch_size=16)
+    # fitted on everything measured so far, failures as inf; the model-guided second
+    # batch finds the optimum
+    assert [len(c) for c in oracle.fitted] == [16, 32]
+    assert np.isinf(oracle.fitted[-1]).sum() == 32 // 5
+    optimum = min(task.space, key=task.cost)
+    assert optimum.index in [c.index for c in guided.history.configs[16:]]
+    with pytest.raises(ValueError, match="features"):
+        Tuner(task, AnnealingSearch(), oracle)
+
+
+def test_xgb_cost_model_learns_the_order_from_costs():
+    assert list(normalized_throughputs(np.array([2.0, 1.0, math.inf]))) == [0.5, 1.0, 0.0]
+    task = SyntheticTask()
+    features = FeatureCache(task, use_loop_features=False)
+    configs = list(task.space)
+    costs = np.array([task.cost(c) for c in configs])
+    costs[::9] = math.inf  # failures: ranked below everything
+    model = XGBCostModel()
+    assert not model.trained and not model.predict(features(configs[:3])).any()
+    model.fit(features(configs), np.full(len(configs), math.inf))
+    assert not model.trained  # nothing succeeded: nothing to learn
+    model.fit(features(configs), costs)
+    scores = model.predict(features(configs))
+    ok = np.isfinite(costs)
+    rank = np.corrcoef(np.argsort(np.argsort(scores[ok])),
+                       np.argsort(np.argsort(-costs[ok])))[0, 1]
+    assert rank > 0.8
+    assert scores[~ok].mean() < scores[ok].mean()
+
+
+def test_plot_curves_writes_a_png(tmp_path):
+    states = skewed_states(0)
+    run_schedule(states, 24, 8, measure_synthetic, early_stopping=None)
+    plot_curves(states, tmp_path / "curve.png")
+    assert (tmp_path / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+NO_MATPLOTLIB = r"""
+import sys
+
+class NoMatplotlib:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "matplotlib":
+            raise ModuleNotFoundError(f"No module named {name!r}")
+
+sys.meta_path.insert(0, NoMatplotlib())
+from tecc.autotune.tune import plot_curves
+
+plot_curves([], sys.argv[1])
+"""
+
+
+def test_plotting_without_matplotlib_says_what_to_install(tmp_path):
+    proc = subprocess.run([sys.executable, "-c", NO_MATPLOTLIB, str(tmp_path / "c.png")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    assert "needs matplotlib: pip install tecc[plot]" in proc.stderr, proc.stderr[-2000:]
+    assert not (tmp_path / "c.png").exists()

@@ -31,7 +31,7 @@ import math
 from typing import Any
 
 from tecc.frontend.ir import Call
-from tecc.frontend.ops import nchwc_kernel_dims, winograd_tile
+from tecc.frontend.op_defs.nn import nchwc_kernel_dims, winograd_tile
 from tecc.graph_opt.layout import default_out_block_for, in_block, out_block_candidates
 from tecc.schedules.default import _acc_budget, _tile_epilogue_parallel, padding_producer
 from tecc.schedules.default import _vectorize_tail as vectorize_tail

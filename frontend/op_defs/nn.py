@@ -489,6 +489,22 @@ def _pool_geometry(x: te.Tensor, attrs: Attrs, out: TensorType):
     return (pt, pl, pb, pr), (eb, er), (kh, kw), (sh, sw), (dh, dw), (h, w)
 
 
+def _pool_window(x: te.Tensor, out: TensorType, kernel: tuple[int, int],
+                 strides: tuple[int, int], dilation: tuple[int, int] | None,
+                 combine, name: str) -> te.Tensor:
+    """out[n, c, y, x, ...] = combine over the (kh, kw) window of x at (y, x) x strides:
+    the pool template's anchor block (NCHW or NCHW{c}c: trailing dims carried)."""
+    (kh, kw), (sh, sw) = kernel, strides
+    rh = te.reduce_axis((0, kh), name="rh")
+    rw = te.reduce_axis((0, kw), name="rw")
+    dh, dw = (rh, rw) if dilation is None else (rh * dilation[0], rw * dilation[1])
+    return te.compute(
+        out.shape,
+        lambda *i: combine(x[(i[0], i[1], i[2] * sh + dh, i[3] * sw + dw, *i[4:])],
+                           axis=[rh, rw]),
+        name=name, attrs={ANCHOR_ATTR: "pool"})
+
+
 def _max_pool2d_compute(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
     (x,) = args
     out = out_tensor(out_type)
@@ -496,13 +512,7 @@ def _max_pool2d_compute(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> 
     lowest = tvm.tirx.min_value(x.dtype)
     if pt or pl or eb or er:
         x = _spatial_pad(x, [pt, pl], [eb, er], "pool_pad", pad_value=lowest)
-    rh = te.reduce_axis((0, kh), name="rh")
-    rw = te.reduce_axis((0, kw), name="rw")
-    return te.compute(
-        out.shape,
-        lambda *i: te.max(x[(i[0], i[1], i[2] * sh + rh * dh, i[3] * sw + rw * dw, *i[4:])],
-                          axis=[rh, rw]),
-        name="max_pool2d", attrs={ANCHOR_ATTR: "pool"})
+    return _pool_window(x, out, (kh, kw), (sh, sw), (dh, dw), te.max, "max_pool2d")
 
 
 def _avg_pool2d_compute(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
@@ -512,12 +522,7 @@ def _avg_pool2d_compute(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> 
     d = x.dtype
     if pt or pl or eb or er:
         x = _spatial_pad(x, [pt, pl], [eb, er], "pool_pad")
-    rh = te.reduce_axis((0, kh), name="rh")
-    rw = te.reduce_axis((0, kw), name="rw")
-    s = te.compute(out.shape,
-                   lambda *i: te.sum(x[(i[0], i[1], i[2] * sh + rh, i[3] * sw + rw, *i[4:])],
-                                     axis=[rh, rw]),
-                   name="avg_pool_sum", attrs={ANCHOR_ATTR: "pool"})
+    s = _pool_window(x, out, (kh, kw), (sh, sw), None, te.sum, "avg_pool_sum")
     include_pad = attrs["count_include_pad"]
     tmin, tmax = tvm.tirx.min, tvm.tirx.max
 
@@ -543,12 +548,7 @@ def _adaptive_avg_pool2d_compute(args: list[te.Tensor], attrs: Attrs, out_type: 
     # Equal windows (global pooling among them): a plain window sum, as topi computes
     # it, tagged so that the pool template schedules it.
     kh, kw = h // oh, w // ow
-    rh = te.reduce_axis((0, kh), name="rh")
-    rw = te.reduce_axis((0, kw), name="rw")
-    s = te.compute(out.shape,
-                   lambda *i: te.sum(x[(i[0], i[1], i[2] * kh + rh, i[3] * kw + rw, *i[4:])],
-                                     axis=[rh, rw]),
-                   name="adaptive_pool_sum", attrs={ANCHOR_ATTR: "pool"})
+    s = _pool_window(x, out, (kh, kw), (kh, kw), None, te.sum, "adaptive_pool_sum")
     n = const(float(kh * kw), x.dtype)
     return te.compute(out.shape, lambda *i: s[i] / n, name="adaptive_pool_avg")
 

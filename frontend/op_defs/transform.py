@@ -354,3 +354,54 @@ def _convert_split(ctx: ImportContext, node, args, kwargs):
         sizes = [min(sizes, full - i) for i in range(0, full, sizes)]
     parts = ctx.call("split", x, sizes=tuple(sizes), axis=dim)
     return tuple(TupleGetItem(parts, i) for i in range(len(sizes)))
+
+
+# ---------------------------------------------------------------- roll
+
+
+def _roll_rel(types: list[Type], attrs: Attrs) -> Type:
+    (x,) = arity(types, 1)
+    if len(attrs["shifts"]) != len(attrs["axes"]):
+        raise IRTypeError(f"roll: {len(attrs['shifts'])} shifts for {len(attrs['axes'])} axes")
+    for axis in attrs["axes"]:
+        normalize_axis(axis, x.ndim)
+    return x
+
+
+def _roll_shifts(attrs: Attrs, shape: tuple[int, ...]) -> list[int]:
+    """The shift of every axis, in [0, extent): shifts of a repeated axis add up."""
+    total = [0] * len(shape)
+    for shift, axis in zip(attrs["shifts"], attrs["axes"], strict=True):
+        total[normalize_axis(axis, len(shape))] += shift
+    return [s % d if d else 0 for s, d in zip(total, shape, strict=True)]
+
+
+def _roll_compute(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    (x,) = args
+    shape = te_shape(x)
+    shifts = _roll_shifts(attrs, shape)
+    return te.compute(
+        shape,
+        lambda *i: x[tuple(tvm.tirx.floormod(i[a] + (d - s), d) if s else i[a]
+                           for a, (s, d) in enumerate(zip(shifts, shape, strict=True)))],
+        name="roll")
+
+
+OPS.register("roll", _roll_rel, Pattern.INJECTIVE, 1,
+             attrs={"shifts": REQUIRED, "axes": REQUIRED}, compute=_roll_compute,
+             evaluate=lambda args, attrs, ty: np.roll(args[0], attrs["shifts"], attrs["axes"]),
+             doc="torch.roll: out[..., i, ...] = x[..., (i - shift) mod extent, ...]")
+
+
+@OPS.converter("aten.roll.default")
+def _convert_roll(ctx: ImportContext, node, args, kwargs):
+    x, shifts = args[0], args[1]
+    dims = args[2] if len(args) > 2 else kwargs.get("dims", [])
+    shifts = [shifts] if isinstance(shifts, int) else list(shifts)
+    dims = [dims] if isinstance(dims, int) else list(dims)
+    if dims:
+        return ctx.call("roll", x, shifts=tuple(shifts), axes=tuple(dims))
+    # no dims: torch rolls the flattened tensor
+    flat = ctx.call("reshape", x, newshape=(x.tensor_type.size,))
+    rolled = ctx.call("roll", flat, shifts=tuple(shifts), axes=(0,))
+    return ctx.call("reshape", rolled, newshape=x.shape)

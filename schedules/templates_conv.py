@@ -292,7 +292,7 @@ def _register_tile(ctx: ScheduleContext, config: Config, n, c_outer, oh, ow, c_b
 
 
 class WinogradNCHWcTemplate(Conv2dNCHWcTemplate):
-    """conv2d_NCHWc by Winograd's F(m x m, 3 x 3) (schedules/computes.py). The anchor is
+    """conv2d_NCHWc by Winograd's F(m x m, 3 x 3) (frontend/op_defs/nn.py). The anchor is
     the alpha^2 GEMMs: parallel(alpha, alpha, oc_chunk) / tile rows / C (reduction) /
     tile_p rows (unrolled) / oc (vectorized), tile_p x oc_bn / lanes accumulators in
     registers. The input transform runs before it, a parallel task per (tile, input

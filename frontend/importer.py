@@ -2,9 +2,10 @@
 
 The model is captured with torch.export, decomposed to core ATen (except the ATen
 ops that have a converter: see `decomposition_table`), and each ATen call is mapped
-by the converter registered with its IR op in frontend/op_defs/. Calls whose inputs are all constants
-(buffers, arange, full, ...) are evaluated with torch at import time. Every
-converted call is checked against the shape and dtype torch.export recorded.
+by the converter registered with its IR op in frontend/op_defs/. Calls whose inputs
+are all constants (buffers, arange, full, ...) are evaluated with torch at import
+time. Every converted call is checked against the shape and dtype torch.export
+recorded.
 """
 
 from __future__ import annotations

@@ -33,6 +33,7 @@ def _c(v: float, dtype: str) -> tvm.tirx.PrimExpr:
 
 # ---------------------------------------------------------------- the NCHW{c}c layout
 
+
 def nchwc_block(layout: str) -> int | None:
     """The channel block of a layout string: None for "NCHW", c for "NCHW{c}c"."""
     if layout == "NCHW":
@@ -122,6 +123,7 @@ OPS.register("layout_transform", _layout_transform_rel, Pattern.INJECTIVE, 1,
 
 # ---------------------------------------------------------------- nn.conv2d
 
+
 def conv_out_size(size: int, kernel: int, stride: int, pad_lo: int, pad_hi: int,
                   dilation: int = 1, ceil_mode: bool = False) -> int:
     span = size + pad_lo + pad_hi - dilation * (kernel - 1) - 1
@@ -166,8 +168,7 @@ def _conv2d_compute(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.T
     o, ipg, kh, kw = te_shape(weight)
     groups = attrs["groups"]
     opg = o // groups
-    pad = attrs["padding"]
-    pt, pl, pb, pr = pads4(pad)
+    pt, pl, pb, pr = pads4(attrs["padding"])
     sh, sw = attrs["strides"]
     dh, dw = attrs["dilation"]
     if pt or pl or pb or pr:
@@ -189,13 +190,11 @@ def conv2d_nchw_numpy(x: np.ndarray, w: np.ndarray, strides, padding, dilation,
     """Direct NCHW x OIHW convolution in numpy (float64 accumulation)."""
     n, c, h, wd = x.shape
     o, ipg, kh, kw = w.shape
-    pad = list(padding)
-    pt, pl, pb, pr = pads4(pad)
+    pt, pl, pb, pr = pads4(padding)
     sh, sw = strides
     dh, dw = dilation
     xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pt, pb), (pl, pr)))
-    oh = (h + pt + pb - dh * (kh - 1) - 1) // sh + 1
-    ow = (wd + pl + pr - dw * (kw - 1) - 1) // sw + 1
+    oh, ow = conv_out_size(h, kh, sh, pt, pb, dh), conv_out_size(wd, kw, sw, pl, pr, dw)
     opg = o // groups
     out = np.zeros((n, o, oh, ow))
     for g in range(groups):
@@ -232,6 +231,7 @@ def _convert_convolution(ctx: ImportContext, node, args, kwargs):
 
 
 # ---------------------------------------------------------------- nn.conv2d_NCHWc
+
 
 def winograd_tile(attrs: Attrs) -> int:
     """The output tile m of a conv2d_NCHWc computed by Winograd's F(m x m, 3 x 3),
@@ -320,8 +320,7 @@ def _conv2d_nchwc_compute(args: list[te.Tensor], attrs: Attrs, out_type: Type) -
     out = out_tensor(out_type)
     groups = attrs["groups"]
     occ, ipc, kh, kw, ic, oc = te_shape(kernel)
-    pad = attrs["padding"]
-    pt, pl, pb, pr = pads4(pad)
+    pt, pl, pb, pr = pads4(attrs["padding"])
     sh, sw = attrs["strides"]
     dh, dw = attrs["dilation"]
     depthwise = is_depthwise_nchwc(te_shape(data), te_shape(kernel), groups)
@@ -424,6 +423,7 @@ OPS.register("nn.conv2d_NCHWc", _conv2d_nchwc_rel, Pattern.OUT_ELEMWISE_FUSABLE,
 
 # ---------------------------------------------------------------- nn.bias_add
 
+
 def _bias_add_rel(types: list[Type], attrs: Attrs) -> Type:
     x, b = arity(types, 2)
     axis = normalize_axis(attrs["axis"], x.ndim)
@@ -453,6 +453,7 @@ OPS.register("nn.bias_add", _bias_add_rel, Pattern.BROADCAST, 2, attrs={"axis": 
 
 # ---------------------------------------------------------------- pools
 
+
 def _pool_rel(types: list[Type], attrs: Attrs) -> Type:
     (x,) = arity(types, 1)
     n, c, h, w = _spatial_nchw(x, attrs["layout"], "pool")
@@ -473,8 +474,7 @@ def _adaptive_pool_rel(types: list[Type], attrs: Attrs) -> Type:
 
 
 def _pool_geometry(x: te.Tensor, attrs: Attrs, out: TensorType):
-    pad = attrs["padding"]
-    pt, pl, pb, pr = pads4(pad)
+    pt, pl, pb, pr = pads4(attrs["padding"])
     kh, kw = attrs["pool_size"]
     sh, sw = attrs["strides"]
     dh, dw = attrs.get("dilation", (1, 1))
@@ -606,6 +606,7 @@ def _convert_adaptive_avg_pool(ctx: ImportContext, node, args, kwargs):
 
 # ---------------------------------------------------------------- softmax
 
+
 def _softmax_rel(types: list[Type], attrs: Attrs) -> Type:
     (x,) = arity(types, 1)
     normalize_axis(attrs["axis"], x.ndim)
@@ -666,6 +667,7 @@ def _convert_softmax(ctx: ImportContext, node, args, kwargs):
 
 
 # ---------------------------------------------------------------- normalizations
+
 
 def _norm_rel(n_inputs: int) -> TypeRel:
     def rel(types: list[Type], attrs: Attrs) -> Type:

@@ -27,17 +27,20 @@ if TYPE_CHECKING:
     from tecc.frontend.importer import ImportContext
 
 
-@OPS.converter("aten.clone.default", "aten.alias.default", "aten.detach.default", "aten.lift_fresh_copy.default", "aten.contiguous.default")
+@OPS.converter("aten.clone.default", "aten.alias.default", "aten.detach.default",
+               "aten.lift_fresh_copy.default", "aten.contiguous.default")
 def _convert_identity(ctx: ImportContext, node, args, kwargs):
     return args[0]
 
 
-@OPS.converter("aten._assert_tensor_metadata.default", "aten._assert_scalar.default", "aten.sym_constrain_range_for_size.default")
+@OPS.converter("aten._assert_tensor_metadata.default", "aten._assert_scalar.default",
+               "aten.sym_constrain_range_for_size.default")
 def _convert_assertion(ctx: ImportContext, node, args, kwargs):
     return None
 
 
 # ---------------------------------------------------------------- take
+
 
 def _take_rel(types: list[Type], attrs: Attrs) -> Type:
     data, indices = arity(types, 2)
@@ -107,6 +110,7 @@ def _convert_index(ctx: ImportContext, node, args, kwargs):
 
 # ---------------------------------------------------------------- reshape
 
+
 def _reshape_rel(types: list[Type], attrs: Attrs) -> Type:
     (x,) = arity(types, 1)
     shape = tuple(attrs["newshape"])
@@ -124,13 +128,16 @@ OPS.register("reshape", _reshape_rel, Pattern.INJECTIVE, 1, attrs={"newshape": R
              evaluate=lambda args, attrs, ty: args[0].reshape(tuple(attrs["newshape"])))
 
 
-@OPS.converter("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default", "aten.unsqueeze.default", "aten.squeeze.dim", "aten.squeeze.dims", "aten.squeeze.default", "aten.flatten.using_ints")
+@OPS.converter("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default",
+               "aten.unsqueeze.default", "aten.squeeze.dim", "aten.squeeze.dims",
+               "aten.squeeze.default", "aten.flatten.using_ints")
 def _convert_reshape(ctx: ImportContext, node, args, kwargs):
     x, shape = args[0], ctx.out_shape()
     return x if x.shape == shape else ctx.call("reshape", x, newshape=shape)
 
 
 # ---------------------------------------------------------------- transpose
+
 
 def _transpose_rel(types: list[Type], attrs: Attrs) -> Type:
     (x,) = arity(types, 1)
@@ -173,6 +180,7 @@ def _convert_transpose(ctx: ImportContext, node, args, kwargs):
 
 # ---------------------------------------------------------------- broadcast_to
 
+
 def _broadcast_to_rel(types: list[Type], attrs: Attrs) -> Type:
     (x,) = arity(types, 1)
     shape = tuple(attrs["shape"])
@@ -199,6 +207,7 @@ def _convert_expand(ctx: ImportContext, node, args, kwargs):
 
 
 # ---------------------------------------------------------------- strided_slice
+
 
 def _strided_slice_rel(types: list[Type], attrs: Attrs) -> Type:
     (x,) = arity(types, 1)
@@ -268,6 +277,7 @@ def _convert_select(ctx: ImportContext, node, args, kwargs):
 
 # ---------------------------------------------------------------- concatenate
 
+
 def _concat_rel(types: list[Type], attrs: Attrs) -> Type:
     tensors = [tensor_arg(t) for t in types]
     if not tensors:
@@ -304,6 +314,7 @@ def _convert_cat(ctx: ImportContext, node, args, kwargs):
 
 # ---------------------------------------------------------------- split
 
+
 def _split_rel(types: list[Type], attrs: Attrs) -> Type:
     (x,) = arity(types, 1)
     axis = normalize_axis(attrs["axis"], x.ndim)
@@ -329,7 +340,8 @@ def _split_compute(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> list[
     outs = []
     offset = 0
     for j, field_ty in enumerate(out_type.fields):
-        outs.append(te.compute(out_tensor(field_ty).shape, _shifted(x, axis, offset), name=f"split{j}"))
+        outs.append(te.compute(out_tensor(field_ty).shape, _shifted(x, axis, offset),
+                               name=f"split{j}"))
         offset += out_tensor(field_ty).shape[axis]
     return outs
 

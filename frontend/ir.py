@@ -3,100 +3,26 @@
 Nodes are compared by identity (they are graph vertices); `structural_equal` and
 `structural_hash` compare them by content. Every expression carries its type,
 computed when it is built from the op's type relation, so a well-formed graph is
-always type-checked.
+always type-checked. The types themselves are in frontend/types.py (exported here
+too); an op is looked up by name in the registry (frontend/ops.py), which the op
+definitions (frontend/op_defs/) fill when the package is imported.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from tecc.frontend.ops import get_op
+from tecc.frontend.types import Attrs, IRTypeError, Shape, TensorType, TupleType, Type
 
-Shape = tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class TensorType:
-    shape: Shape
-    dtype: str
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
-
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    @property
-    def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
-
-    @property
-    def nbytes(self) -> int:
-        return self.size * np.dtype(self.dtype).itemsize
-
-    def __str__(self) -> str:
-        return f"Tensor[({', '.join(map(str, self.shape))}), {self.dtype}]"
-
-
-@dataclass(frozen=True)
-class TupleType:
-    fields: tuple[Type, ...]
-
-    def __str__(self) -> str:
-        return f"({', '.join(map(str, self.fields))})"
-
-
-Type = TensorType | TupleType
-
-
-class IRTypeError(TypeError):
-    """A type relation rejected its arguments (wrong rank, mismatched shapes...)."""
-
-
-def freeze_attr(value: Any) -> Any:
-    """Attributes are stored immutably (lists become tuples) so nodes hash."""
-    if isinstance(value, list | tuple):
-        return tuple(freeze_attr(v) for v in value)
-    if isinstance(value, np.integer):
-        return int(value)
-    if isinstance(value, np.floating):
-        return float(value)
-    return value
-
-
-class Attrs(Mapping):
-    """An immutable, ordered mapping of attribute name to value."""
-
-    __slots__ = ("_items", "_hash")
-
-    def __init__(self, items: Mapping[str, Any] | None = None) -> None:
-        self._items = {k: freeze_attr(v) for k, v in sorted((items or {}).items())}
-        self._hash = hash(tuple(self._items.items()))
-
-    def __getitem__(self, key: str) -> Any:
-        return self._items[key]
-
-    def __iter__(self):
-        return iter(self._items)
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Attrs) and self._items == other._items
-
-    def with_(self, **updates: Any) -> Attrs:
-        return Attrs({**self._items, **updates})
-
-    def __repr__(self) -> str:
-        return f"Attrs({self._items!r})"
+__all__ = ["Attrs", "Call", "Constant", "Expr", "Function", "IRTypeError", "Shape", "TensorType",
+           "Tuple", "TupleGetItem", "TupleType", "Type", "Var", "children", "free_vars",
+           "post_order", "rewrite", "structural_digest", "structural_equal", "structural_hash",
+           "with_children"]
 
 
 class Expr:
@@ -165,8 +91,6 @@ class Call(Expr):
     ty: Type = field(init=False)
 
     def __post_init__(self) -> None:
-        from tecc.frontend.ops import get_op  # the registry imports this module
-
         object.__setattr__(self, "args", tuple(self.args))
         if not isinstance(self.attrs, Attrs):
             object.__setattr__(self, "attrs", Attrs(self.attrs))

@@ -47,14 +47,15 @@ from tecc.frontend.ir import (
     Var,
     post_order,
 )
-from tecc.frontend.ops import Pattern, get_op, nchwc_block, normalize_axis, reduce_axes
+
+# The blocked layout's numpy form and Winograd's matrices are defined with their ops.
+from tecc.frontend.op_defs.nn import WINOGRAD_MATRICES, layout_transform_numpy
+from tecc.frontend.op_defs.nn import to_nchwc as to_nchwc  # packing helpers' callers use it
+from tecc.frontend.ops import Pattern, get_op, normalize_axis, reduce_axes
 from tecc.graph_opt.pass_manager import register_pass
 
 LANES_ATTR = "cpu_vector_lanes"
 DEFAULT_LANES = 8
-
-POOLS = ("nn.max_pool2d", "nn.avg_pool2d", "nn.adaptive_avg_pool2d")
-SPATIAL_REDUCTIONS = ("sum", "mean", "max", "min")
 
 # (conv call, output channels to block, lanes) -> block, or None to keep NCHW
 BlockFn = Callable[[Call, int, int], "int | None"]
@@ -73,25 +74,6 @@ def layout_name(block: int | None) -> str:
 # ---------------------------------------------------------------- numpy packing
 
 
-def to_nchwc(x: np.ndarray, block: int) -> np.ndarray:
-    """[N, C, H, W] -> [N, C/c, H, W, c]."""
-    n, c, h, w = x.shape
-    return np.ascontiguousarray(x.reshape(n, c // block, block, h, w).transpose(0, 1, 3, 4, 2))
-
-
-def from_nchwc(x: np.ndarray) -> np.ndarray:
-    """[N, C/c, H, W, c] -> [N, C, H, W]."""
-    n, cc, h, w, c = x.shape
-    return np.ascontiguousarray(x.transpose(0, 1, 4, 2, 3).reshape(n, cc * c, h, w))
-
-
-def layout_transform_numpy(x: np.ndarray, src_layout: str, dst_layout: str) -> np.ndarray:
-    """What the `layout_transform` op computes (an evaluator for constant folding)."""
-    src, dst = nchwc_block(src_layout), nchwc_block(dst_layout)
-    nchw = x if src is None else from_nchwc(x)
-    return np.ascontiguousarray(nchw) if dst is None else to_nchwc(nchw, dst)
-
-
 def pack_conv_weight(w: np.ndarray, ic: int, oc: int) -> np.ndarray:
     """OIHW [O, IPG, KH, KW] -> [O/oc, IPG/ic, KH, KW, ic, oc] (topi's conv2d_NCHWc)."""
     o, ipg, kh, kw = w.shape
@@ -104,23 +86,6 @@ def pack_depthwise_weight(w: np.ndarray, c: int) -> np.ndarray:
     ch, _, kh, kw = w.shape
     packed = w.reshape(ch // c, c, 1, kh, kw).transpose(0, 2, 3, 4, 1)[:, :, :, :, None, :]
     return np.ascontiguousarray(packed)
-
-
-# Winograd F(m x m, 3 x 3): Y = A^T [(G g G^T) * (B^T d B)] A for an (m + 2)^2 input
-# tile d and a 3 x 3 kernel g (Lavin & Gray; the Cook-Toom matrices of TVM's topi, on
-# the points 0, -1, 1, 1/2, -2). m -> (A [alpha, m], B [alpha, alpha], G [alpha, 3]).
-WINOGRAD_MATRICES: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {
-    2: (np.array([[1, 0], [1, -1], [1, 1], [0, 1]], dtype=np.float64),
-        np.array([[1, 0, 0, 0], [0, -1, 1, -1], [-1, 1, 1, 0], [0, 0, 0, 1]], dtype=np.float64),
-        np.array([[1, 0, 0], [1 / 2, -1 / 2, 1 / 2], [1 / 2, 1 / 2, 1 / 2], [0, 0, 1]])),
-    4: (np.array([[1, 0, 0, 0], [1, -1, 1, -1], [1, 1, 1, 1], [1, 1 / 2, 1 / 4, 1 / 8],
-                  [1, -2, 4, -8], [0, 0, 0, 1]]),
-        np.array([[1, 0, 0, 0, 0, 0], [-3 / 2, 1, -1, -2, 1 / 2, 1],
-                  [-2, -5 / 2, 1 / 2, -1, -1, -3 / 2], [3 / 2, 1 / 2, 5 / 2, 2, -1 / 2, -2],
-                  [1, 1, 1, 1, 1, 3 / 2], [0, 0, 0, 0, 0, 1]]),
-        np.array([[1, 0, 0], [-1 / 3, 1 / 3, -1 / 3], [1 / 3, 1 / 3, 1 / 3],
-                  [-16 / 15, -8 / 15, -4 / 15], [1 / 15, -2 / 15, 4 / 15], [0, 0, 1]])),
-}
 
 
 def pack_winograd_weight(w: np.ndarray, ic: int, oc: int, tile: int) -> np.ndarray:
@@ -278,7 +243,8 @@ class _Converter:
         block = next((b for b in blocks if b is not None), None)
         if block is None:
             return None
-        pattern = get_op(op).pattern
+        opdef = get_op(op)
+        pattern = opdef.pattern
         if pattern == Pattern.ELEMWISE and len(node.args) == 1:
             (x,) = node.args
             return Call(op, [self.new[id(x)][0]], node.attrs, node.span), block
@@ -286,10 +252,10 @@ class _Converter:
             return self.bias_add(node)
         if pattern == Pattern.BROADCAST and len(node.args) == 2:
             return self.binary(node)
-        if op in POOLS and node.attrs["layout"] == "NCHW":
+        if opdef.blocked_layout and "layout" in opdef.attrs and node.attrs["layout"] == "NCHW":
             x, b = self.new[id(node.args[0])]
             return Call(op, [x], node.attrs.with_(layout=layout_name(b)), node.span), b
-        if op in SPATIAL_REDUCTIONS:
+        if opdef.blocked_layout and pattern == Pattern.COMM_REDUCE:
             return self.spatial_reduction(node)
         return None
 

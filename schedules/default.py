@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import tvm
+from tecc.schedules.computes import ANCHOR_ATTR
 from tecc.schedules.space import Config, ConfigSpace
 from tecc.schedules.target import num_cores, vector_lanes
 from tecc.schedules.template import ScheduleContext, Template, load_templates
@@ -33,7 +34,6 @@ from tvm.s_tir.schedule import Schedule
 
 log = logging.getLogger(__name__)
 
-ANCHOR_ATTR = "tecc.anchor"
 PARALLEL_MIN_WORK = 16384  # below this, thread-pool start-up costs more than it saves
 DATA_PAR, COMM_REDUCE = 0, 2
 CONV_ACC_VECTORS = 0  # accumulator vectors of a conv register tile (0: from the ISA)

@@ -31,7 +31,7 @@ import math
 from typing import Any
 
 from tecc.frontend.ir import Call
-from tecc.frontend.ops import nchwc_kernel_dims, winograd_tile
+from tecc.frontend.op_defs.nn import nchwc_kernel_dims, winograd_tile
 from tecc.graph_opt.layout import default_out_block_for, in_block, out_block_candidates
 from tecc.schedules.default import _acc_budget, _tile_epilogue_parallel, padding_producer
 from tecc.schedules.default import _vectorize_tail as vectorize_tail
@@ -292,7 +292,7 @@ def _register_tile(ctx: ScheduleContext, config: Config, n, c_outer, oh, ow, c_b
 
 
 class WinogradNCHWcTemplate(Conv2dNCHWcTemplate):
-    """conv2d_NCHWc by Winograd's F(m x m, 3 x 3) (schedules/computes.py). The anchor is
+    """conv2d_NCHWc by Winograd's F(m x m, 3 x 3) (frontend/op_defs/nn.py). The anchor is
     the alpha^2 GEMMs: parallel(alpha, alpha, oc_chunk) / tile rows / C (reduction) /
     tile_p rows (unrolled) / oc (vectorized), tile_p x oc_bn / lanes accumulators in
     registers. The input transform runs before it, a parallel task per (tile, input

@@ -34,13 +34,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import tvm
+from tecc.schedules.computes import ANCHOR_ATTR
 from tecc.schedules.default import padding_producer
 from tecc.schedules.space import Config, ConfigSpace
 from tecc.schedules.target import num_cores, vector_lanes
 from tecc.schedules.template import ScheduleContext, Template, register_template
 from tvm.s_tir.schedule import Schedule
 
-ANCHOR_ATTR = "tecc.anchor"
 DATA_PAR = 0
 PARALLEL_MIN_WORK = 16384  # elements: below, thread start-up costs more than it saves
 # Row reductions stream their input at a few elements per ns: measured on the 2-core

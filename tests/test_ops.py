@@ -4,6 +4,8 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from tecc.frontend.importer import from_torch
+from tecc.frontend.ir import Call, post_order
 
 import tecc
 from tests.util import assert_close
@@ -85,6 +87,8 @@ CASES = {
                   [(3, 3), (3, 4)], [(2, 2), (2, 5)]),
     "flatten_squeeze": (lambda x: x.flatten(1).unsqueeze(1).squeeze(1) * 3, [(2, 3, 4)],
                         [(1, 5, 1)]),
+    "roll": (lambda x: torch.roll(x, 2, 1) + torch.roll(x, (-1, 3, 1), (0, -1, 0)) * 2
+             + torch.roll(x, 5), [(3, 5, 4)], [(2, 7, 6)]),
 }
 
 
@@ -121,6 +125,23 @@ def test_op_matches_torch(name, shape_set):
     with torch.no_grad():
         expected = module(*inputs)
     assert_close(compiled(*inputs), expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("activation, op", [
+    (torch.nn.Hardswish(), "hardswish"), (torch.nn.SiLU(), "silu"),
+    (torch.nn.Hardsigmoid(), "hardsigmoid"), (Lambda(lambda x: torch.roll(x, (1, -2), (2, 3))),
+                                              "roll"),
+])
+def test_ops_with_a_converter_import_natively(activation, op):
+    # an ATen op with a converter is not decomposed: the model reaches its own IR op
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), activation).eval()
+    x = randn(2, 3, 9, 7, seed=4) * 3
+    calls = [n.op for n in post_order(from_torch(model, (x,)).func.body)
+             if isinstance(n, Call)]
+    assert calls == ["nn.conv2d", "nn.bias_add", op]
+    with torch.no_grad():
+        expected = model(x)
+    assert_close(tecc.compile(model, (x,))(x), expected, rtol=1e-4, atol=1e-5)
 
 
 def test_embedding_and_int_inputs():

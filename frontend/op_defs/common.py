@@ -1,0 +1,184 @@
+"""What the op families share: type-relation building blocks, TE compute helpers
+(the anchor annotation among them) and numpy evaluator helpers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import tvm
+from tecc.frontend.ops import Compute, Evaluator, TypeRel
+from tecc.frontend.types import Attrs, IRTypeError, TensorType, Type
+from tvm import te, topi
+from tvm.tirx import const
+
+# The block annotation of an anchor (a conv's, a dense's, a reduction's main block):
+# the default schedule and the templates dispatch on its value, the anchor kind.
+ANCHOR_ATTR = "tecc.anchor"
+
+# ---------------------------------------------------------------- type relations
+
+
+def tensor_arg(ty: Type, what: str = "argument") -> TensorType:
+    if not isinstance(ty, TensorType):
+        raise IRTypeError(f"{what} must be a tensor, got {ty}")
+    return ty
+
+
+def arity(types: Sequence[Type], n: int) -> list[TensorType]:
+    if len(types) != n:
+        raise IRTypeError(f"expected {n} arguments, got {len(types)}")
+    return [tensor_arg(t) for t in types]
+
+
+def broadcast_shapes(*shapes: Sequence[int]) -> tuple[int, ...]:
+    ndim = max(len(s) for s in shapes)
+    out = []
+    for i in range(ndim):
+        dims = {s[len(s) - ndim + i] for s in shapes if len(s) - ndim + i >= 0}
+        dims.discard(1)
+        if len(dims) > 1:
+            raise IRTypeError(f"shapes {[tuple(s) for s in shapes]} do not broadcast")
+        out.append(dims.pop() if dims else 1)
+    return tuple(out)
+
+
+def same_type(types: list[Type], attrs: Attrs) -> Type:
+    (x,) = arity(types, 1)
+    return x
+
+
+def bool_result(rel: TypeRel) -> TypeRel:
+    def bool_rel(types: list[Type], attrs: Attrs) -> Type:
+        return TensorType(tensor_arg(rel(types, attrs)).shape, "bool")
+
+    return bool_rel
+
+
+def broadcast_rel(n: int) -> TypeRel:
+    def rel(types: list[Type], attrs: Attrs) -> Type:
+        tensors = arity(types, n)
+        value_types = tensors[1:] if n == 3 else tensors  # where(cond, x, y)
+        dtypes = {t.dtype for t in value_types}
+        if len(dtypes) != 1:
+            raise IRTypeError(f"operand dtypes differ: {sorted(dtypes)}")
+        return TensorType(broadcast_shapes(*(t.shape for t in tensors)), dtypes.pop())
+
+    return rel
+
+
+# ---------------------------------------------------------------- TE computes
+
+
+def out_tensor(ty: Type) -> TensorType:
+    assert isinstance(ty, TensorType), ty
+    return ty
+
+
+def is_float_dtype(dtype: object) -> bool:
+    return str(dtype).startswith(("float", "bfloat"))
+
+
+def te_shape(t: te.Tensor) -> tuple[int, ...]:
+    return tuple(int(d) for d in t.shape)
+
+
+def bcast_index(t: te.Tensor, idx: Sequence[tvm.tirx.PrimExpr],
+                out_shape: Sequence[int] | None = None) -> list:
+    """Index into `t` for output index `idx` under numpy broadcasting (right-aligned;
+    a size-1 dim reads element 0 only where the output dim is larger, so that an
+    elementwise read stays an identity read, which the schedule relies on)."""
+    shape = te_shape(t)
+    lead = len(idx) - len(shape)
+    return [0 if d == 1 and (out_shape is None or out_shape[lead + i] != 1) else idx[lead + i]
+            for i, d in enumerate(shape)]
+
+
+def read_broadcast(t: te.Tensor, idx: Sequence, out_shape: Sequence[int] | None = None
+                   ) -> tvm.tirx.PrimExpr:
+    return t[tuple(bcast_index(t, idx, out_shape))] if t.ndim else t()
+
+
+def elemwise(args: list[te.Tensor], out_type: Type, fn: Callable, name: str) -> te.Tensor:
+    out = out_tensor(out_type)
+    return te.compute(out.shape, lambda *i: fn(*[read_broadcast(a, i, out.shape) for a in args]),
+                      name=name)
+
+
+def elemwise_compute(fn: Callable[..., tvm.tirx.PrimExpr], name: str) -> Compute:
+    """The compute of an op applying `fn` to its (broadcast) operands' elements."""
+    return lambda args, attrs, out_type: elemwise(args, out_type, fn, name.replace(".", "_"))
+
+
+def scalar_constant(value: float | int | bool, dtype: str, shape: Sequence[int]) -> te.Tensor:
+    """A size-1 IR Constant as an immediate: a block the schedule inlines away."""
+    v = const(bool(value) if dtype == "bool" else value, dtype)
+    return te.compute(tuple(shape), lambda *_: v, name="scalar_const")
+
+
+def typed_const(v: float, dtype: str) -> tvm.tirx.PrimExpr:
+    """`v` in `dtype` (truncated to an integer for integer dtypes)."""
+    return const(v if is_float_dtype(dtype) else int(v), dtype)
+
+
+def as_bool(x: tvm.tirx.PrimExpr) -> tvm.tirx.PrimExpr:
+    return x if str(x.dtype) == "bool" else x != const(0, x.dtype)
+
+
+# erf, exp and tanh as polynomials (topi.fast_erf, fast_exp, fast_tanh: within 3.3e-7
+# relative error of float64 over [-20, 20] in float32, see the README): they
+# vectorize, where tirx.erf / exp / tanh are a scalar libm call per element (half of
+# a BERT intermediate dense layer's time went to its gelu epilogue, a fifth of a
+# MobileNet's to its silu epilogues; 113K elements on 2 AVX2 cores: exp 283 us libm,
+# 50 fast; tanh 656 and 44; relu 27). fast_exp keeps inf above log(FLT_MAX) and NaN.
+FAST_MATH_DTYPES = ("float32",)
+
+
+def erf_of(x: te.Tensor) -> te.Tensor:
+    if x.dtype in FAST_MATH_DTYPES:
+        return topi.fast_erf(x)
+    return te.compute(x.shape, lambda *i: tvm.tirx.erf(x[i]), name="erf")
+
+
+def exp_of(x: te.Tensor) -> te.Tensor:
+    if x.dtype in FAST_MATH_DTYPES:
+        return topi.fast_exp(x)
+    return te.compute(x.shape, lambda *i: tvm.tirx.exp(x[i]), name="exp")
+
+
+def tanh_of(x: te.Tensor) -> te.Tensor:
+    if x.dtype in FAST_MATH_DTYPES:
+        return topi.fast_tanh(x)
+    return te.compute(x.shape, lambda *i: tvm.tirx.tanh(x[i]), name="tanh")
+
+
+def sigmoid_of(x: te.Tensor, name: str) -> te.Tensor:
+    if x.dtype not in FAST_MATH_DTYPES:
+        return te.compute(x.shape, lambda *i: tvm.tirx.sigmoid(x[i]), name=name)
+    one = const(1.0, x.dtype)
+    exp = exp_of(te.compute(x.shape, lambda *i: -x[i], name=f"{name}_neg"))
+    return te.compute(x.shape, lambda *i: one / (one + exp[i]), name=name)
+
+
+def pads4(padding: Sequence[int]) -> tuple[int, int, int, int]:
+    """(top, left, bottom, right) from a 2- or 4-element padding attribute."""
+    if len(padding) == 2:
+        return padding[0], padding[1], padding[0], padding[1]
+    return tuple(padding)  # type: ignore[return-value]
+
+
+# ---------------------------------------------------------------- numpy evaluators
+
+
+def np_is_float(a: np.ndarray) -> bool:
+    return np.issubdtype(a.dtype, np.floating)
+
+
+def np_as_bool(a: np.ndarray) -> np.ndarray:
+    return a if a.dtype == np.bool_ else a != 0
+
+
+def np_elemwise(fn: Callable[..., np.ndarray]) -> Evaluator:
+    """The evaluator of an op applying `fn` to its operands (in their own dtype, as
+    the kernel computes: float32 stays float32)."""
+    return lambda args, attrs, ty: fn(*args)

@@ -1,0 +1,188 @@
+"""Reductions over axes: sum, mean, max, min, prod and variance."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+from tecc.frontend.op_defs.common import ANCHOR_ATTR, arity, bcast_index, out_tensor, te_shape
+from tecc.frontend.ops import OPS, Converter, Pattern, reduce_axes
+from tecc.frontend.types import Attrs, TensorType, Type
+from tvm import te
+from tvm.tirx import const
+
+if TYPE_CHECKING:
+    from tecc.frontend.importer import ImportContext
+
+
+def _reduce_rel(types: list[Type], attrs: Attrs) -> Type:
+    (x,) = arity(types, 1)
+    axes = reduce_axes(attrs, x.ndim)
+    if attrs["keepdims"]:
+        shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
+    else:
+        shape = tuple(d for i, d in enumerate(x.shape) if i not in axes)
+    return TensorType(shape, x.dtype)
+
+
+def reduce_compute(x: te.Tensor, axes: tuple[int, ...], keepdims: bool,
+                   combine: Callable, name: str, anchor: str | None = None) -> te.Tensor:
+    """out[kept...] = combine(x[...], axis=reduce_axes). Spatial axes keep their
+    order, which keeps the reduce axes innermost in the generated loop nest."""
+    shape = te_shape(x)
+    rvars = {a: te.reduce_axis((0, shape[a]), name=f"k{a}") for a in axes}
+    out_shape = [1 if i in axes else d for i, d in enumerate(shape)] if keepdims else [
+        d for i, d in enumerate(shape) if i not in axes]
+
+    def body(*idx):
+        it = iter(idx)
+        full = []
+        for i in range(len(shape)):
+            if i in axes:
+                full.append(rvars[i])
+                if keepdims:
+                    next(it)
+            else:
+                full.append(next(it))
+        return combine(x[tuple(full)], axis=list(rvars.values()))
+
+    return te.compute(tuple(out_shape), body, name=name,
+                      attrs={ANCHOR_ATTR: anchor} if anchor else None)
+
+
+def _count(x: te.Tensor, axes: Sequence[int]) -> int:
+    return int(math.prod(te_shape(x)[a] for a in axes))
+
+
+def _identity(x: te.Tensor, out_type: Type, name: str) -> te.Tensor:
+    # nothing to reduce: torch returns the input
+    return te.compute(out_tensor(out_type).shape, lambda *i: x[i], name=name)
+
+
+def _combine_compute(name: str, combine: Callable) -> Callable:
+    def compute(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+        (x,) = args
+        axes = reduce_axes(attrs, x.ndim)
+        if not axes:
+            return _identity(x, out_type, name)
+        return reduce_compute(x, axes, attrs["keepdims"], combine, name, anchor="reduce")
+
+    return compute
+
+
+def _mean_compute(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    (x,) = args
+    axes = reduce_axes(attrs, x.ndim)
+    if not axes:
+        return _identity(x, out_type, "mean")
+    s = reduce_compute(x, axes, attrs["keepdims"], te.sum, "mean_sum", anchor="reduce")
+    n = const(float(_count(x, axes)), x.dtype)
+    return te.compute(s.shape, lambda *i: s[i] / n, name="mean")
+
+
+def _numpy_reduction(name: str, fn: Callable[..., np.ndarray]) -> Callable:
+    def evaluate(args, attrs, ty):
+        (x,) = args
+        axes = reduce_axes(attrs, x.ndim)
+        if not axes:  # nothing to reduce: the input, as torch and the kernel do
+            return x
+        if np.issubdtype(x.dtype, np.floating) and name in ("sum", "mean", "prod"):
+            x = x.astype(np.float64)  # accumulate precisely, round once at the end
+        return fn(x, axis=axes, keepdims=attrs["keepdims"])
+
+    return evaluate
+
+
+def _reduction_converter(op: str) -> Converter:
+    def convert(ctx: ImportContext, node, args, kwargs):
+        x = args[0]
+        dims = args[1] if len(args) > 1 else kwargs.get("dim")
+        keepdim = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
+        if isinstance(dims, int):
+            dims = [dims]
+        axis = None if dims is None or len(dims) == 0 else tuple(dims)
+        return ctx.call(op, ctx.cast(x, ctx.out_dtype()), axis=axis, keepdims=bool(keepdim))
+
+    return convert
+
+
+_REDUCE_ATTRS = {"axis": None, "keepdims": False}
+_prod = te.comm_reducer(lambda a, b: a * b, lambda t: const(1, t), name="prod")
+# name, TE compute, numpy, ATen targets, keeps NCHWc blocks over (H, W)
+_REDUCTIONS: list[tuple[str, Callable, Callable, tuple[str, ...], bool]] = [
+    ("sum", _combine_compute("sum", te.sum), np.sum,
+     ("aten.sum.dim_IntList", "aten.sum.default"), True),
+    ("mean", _mean_compute, np.mean, ("aten.mean.dim", "aten.mean.default"), True),
+    ("max", _combine_compute("max", te.max), np.max, ("aten.amax.default", "aten.max.default"),
+     True),
+    ("min", _combine_compute("min", te.min), np.min, ("aten.amin.default", "aten.min.default"),
+     True),
+    ("prod", _combine_compute("prod", _prod), np.prod,
+     ("aten.prod.dim_int", "aten.prod.default"), False),
+]
+for _name, _compute, _np_fn, _atens, _blocked in _REDUCTIONS:
+    OPS.register(_name, _reduce_rel, Pattern.COMM_REDUCE, 1, attrs=_REDUCE_ATTRS,
+                 compute=_compute, evaluate=_numpy_reduction(_name, _np_fn),
+                 blocked_layout=_blocked)
+    OPS.converter(*_atens)(_reduction_converter(_name))
+
+
+@OPS.converter("aten.any.dim", "aten.any.dims", "aten.any.default")
+def _convert_any(ctx: ImportContext, node, args, kwargs):
+    as_int = ctx.cast(args[0], "int32")
+    dims = args[1] if len(args) > 1 else None
+    if isinstance(dims, int):
+        dims = [dims]
+    keepdim = bool(args[2]) if len(args) > 2 else False
+    axis = None if not dims else tuple(dims)
+    reduced = ctx.call("max", as_int, axis=axis, keepdims=keepdim)
+    return ctx.call("not_equal", reduced, ctx.const(0, "int32"))
+
+
+# ---------------------------------------------------------------- variance
+
+
+def _variance_compute(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    (x,) = args
+    axes = reduce_axes(attrs, x.ndim)
+    d = x.dtype
+    n = _count(x, axes)
+    # two passes (mean, then squared deviations) for precision, as torch does
+    mean = reduce_compute(x, axes, True, te.sum, "var_sum", anchor="variance")
+    dev = te.compute(x.shape, lambda *i: x[i] - mean[tuple(bcast_index(mean, i))] / const(n, d),
+                     name="var_dev")
+    sq = reduce_compute(te.compute(x.shape, lambda *i: dev[i] * dev[i], name="var_sq"),
+                        axes, attrs["keepdims"], te.sum, "var_sqsum")
+    denom = max(n - attrs["correction"], 0)
+    # torch gives inf/nan when n <= correction; dividing by 0.0 reproduces that.
+    return te.compute(sq.shape, lambda *i: sq[i] / const(float(denom), d), name="variance")
+
+
+def _variance_evaluate(args, attrs, ty):
+    (x,) = args
+    axes = reduce_axes(attrs, x.ndim)
+    n = int(np.prod([x.shape[a] for a in axes], dtype=np.int64))
+    x64 = x.astype(np.float64)
+    mean = np.mean(x64, axis=axes, keepdims=True)
+    sq = np.sum((x64 - mean) ** 2, axis=axes, keepdims=attrs["keepdims"])
+    denom = max(n - attrs["correction"], 0)
+    return sq / np.float64(denom)  # 0.0 gives inf/nan as torch does
+
+
+OPS.register("variance", _reduce_rel, Pattern.COMM_REDUCE, 1,
+             attrs={**_REDUCE_ATTRS, "correction": 0},
+             compute=_variance_compute, evaluate=_variance_evaluate)
+
+
+# aten.var.dim (unbiased as a flag) is decomposed to var.correction by torch.export.
+@OPS.converter("aten.var.correction")
+def _convert_var(ctx: ImportContext, node, args, kwargs):
+    dims = args[1] if len(args) > 1 else kwargs.get("dim")
+    correction = kwargs.get("correction", 1)
+    if correction is None:
+        correction = 1
+    keepdim = kwargs.get("keepdim", False)
+    axis = None if not dims else tuple(dims)
+    return ctx.call("variance", args[0], axis=axis, keepdims=keepdim, correction=int(correction))

@@ -1,0 +1,419 @@
+"""Data movement: gather (`take`), reshape, transpose, broadcast_to, strided_slice,
+concatenate, split; and the ATen ops that are no computation (copies, views,
+assertions)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+import tvm
+from tecc.frontend.ir import Constant, TupleGetItem
+from tecc.frontend.op_defs.common import (
+    arity,
+    broadcast_shapes,
+    out_tensor,
+    read_broadcast,
+    te_shape,
+    tensor_arg,
+)
+from tecc.frontend.ops import OPS, REQUIRED, Pattern, normalize_axis
+from tecc.frontend.types import Attrs, IRTypeError, TensorType, TupleType, Type
+from tvm import te, topi
+from tvm.tirx import const
+
+if TYPE_CHECKING:
+    from tecc.frontend.importer import ImportContext
+
+
+@OPS.converter("aten.clone.default", "aten.alias.default", "aten.detach.default",
+               "aten.lift_fresh_copy.default", "aten.contiguous.default")
+def _convert_identity(ctx: ImportContext, node, args, kwargs):
+    return args[0]
+
+
+@OPS.converter("aten._assert_tensor_metadata.default", "aten._assert_scalar.default",
+               "aten.sym_constrain_range_for_size.default")
+def _convert_assertion(ctx: ImportContext, node, args, kwargs):
+    return None
+
+
+# ---------------------------------------------------------------- take
+
+
+def _take_rel(types: list[Type], attrs: Attrs) -> Type:
+    data, indices = arity(types, 2)
+    if not indices.dtype.startswith(("int", "uint")):
+        raise IRTypeError(f"take: indices must be integers, got {indices.dtype}")
+    axis = normalize_axis(attrs["axis"], data.ndim)
+    return TensorType(data.shape[:axis] + indices.shape + data.shape[axis + 1:], data.dtype)
+
+
+def _take_compute(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    data, indices = args
+    out = out_tensor(out_type)
+    axis = normalize_axis(attrs["axis"], data.ndim)
+    dim = te_shape(data)[axis]
+    ni = indices.ndim
+
+    def body(*i):
+        idx = indices[tuple(i[axis:axis + ni])] if ni else indices()
+        idx = idx.astype("int64")
+        # python-style negative indices, then clamp: never read out of bounds
+        idx = tvm.tirx.Select(idx < 0, idx + dim, idx)
+        idx = tvm.tirx.min(tvm.tirx.max(idx, const(0, "int64")), const(dim - 1, "int64"))
+        return data[tuple(i[:axis]) + (idx,) + tuple(i[axis + ni:])]
+
+    return te.compute(out.shape, body, name="take")
+
+
+def _take_evaluate(args, attrs, ty):
+    data, indices = args
+    axis = normalize_axis(attrs["axis"], data.ndim)
+    dim = data.shape[axis]
+    idx = indices.astype(np.int64)
+    idx = np.where(idx < 0, idx + dim, idx)  # python-style negative indices...
+    idx = np.clip(idx, 0, dim - 1)  # ...then clamp, as the kernel: never out of bounds
+    return np.take(data, idx, axis=axis)
+
+
+OPS.register("take", _take_rel, Pattern.INJECTIVE, 2, attrs={"axis": 0},
+             compute=_take_compute, evaluate=_take_evaluate)
+
+
+@OPS.converter("aten.embedding.default")
+def _convert_embedding(ctx: ImportContext, node, args, kwargs):
+    return ctx.call("take", args[0], args[1], axis=0)
+
+
+@OPS.converter("aten.index_select.default")
+def _convert_index_select(ctx: ImportContext, node, args, kwargs):
+    return ctx.call("take", args[0], args[2], axis=args[1])
+
+
+@OPS.converter("aten.index.Tensor")
+def _convert_index(ctx: ImportContext, node, args, kwargs):
+    """Advanced indexing by constant index tensors on leading axes: one `take`
+    over the flattened indexed axes with the flat indices folded now."""
+    x, indices = args
+    k = len(indices)
+    if any(not isinstance(i, Constant) for i in indices) or k > len(x.shape):
+        raise ctx.error("indexing with computed index tensors is not supported")
+    lead = x.shape[:k]
+    grids = np.broadcast_arrays(*[np.asarray(i.data) % d for i, d in zip(indices, lead,
+                                                                           strict=True)])
+    flat = np.ravel_multi_index(tuple(grids), lead).astype("int64")
+    merged = ctx.call("reshape", x, newshape=(int(np.prod(lead)),) + x.shape[k:])
+    return ctx.call("take", merged, Constant(flat), axis=0)
+
+
+# ---------------------------------------------------------------- reshape
+
+
+def _reshape_rel(types: list[Type], attrs: Attrs) -> Type:
+    (x,) = arity(types, 1)
+    shape = tuple(attrs["newshape"])
+    if int(np.prod(shape, dtype=np.int64)) != x.size or any(d < 0 for d in shape):
+        raise IRTypeError(f"cannot reshape {x.shape} to {shape}")
+    return TensorType(shape, x.dtype)
+
+
+def _reshape_compute(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    return topi.reshape(args[0], out_tensor(out_type).shape)
+
+
+OPS.register("reshape", _reshape_rel, Pattern.INJECTIVE, 1, attrs={"newshape": REQUIRED},
+             compute=_reshape_compute,
+             evaluate=lambda args, attrs, ty: args[0].reshape(tuple(attrs["newshape"])))
+
+
+@OPS.converter("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default",
+               "aten.unsqueeze.default", "aten.squeeze.dim", "aten.squeeze.dims",
+               "aten.squeeze.default", "aten.flatten.using_ints")
+def _convert_reshape(ctx: ImportContext, node, args, kwargs):
+    x, shape = args[0], ctx.out_shape()
+    return x if x.shape == shape else ctx.call("reshape", x, newshape=shape)
+
+
+# ---------------------------------------------------------------- transpose
+
+
+def _transpose_rel(types: list[Type], attrs: Attrs) -> Type:
+    (x,) = arity(types, 1)
+    axes = tuple(attrs["axes"])
+    if sorted(normalize_axis(a, x.ndim) for a in axes) != list(range(x.ndim)):
+        raise IRTypeError(f"transpose axes {axes} are not a permutation of rank {x.ndim}")
+    return TensorType(tuple(x.shape[a] for a in axes), x.dtype)
+
+
+def _transpose_compute(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    return topi.transpose(args[0], [normalize_axis(a, args[0].ndim) for a in attrs["axes"]])
+
+
+def _transpose_evaluate(args, attrs, ty):
+    (x,) = args
+    return np.transpose(x, [normalize_axis(a, x.ndim) for a in attrs["axes"]])
+
+
+OPS.register("transpose", _transpose_rel, Pattern.INJECTIVE, 1, attrs={"axes": REQUIRED},
+             compute=_transpose_compute, evaluate=_transpose_evaluate)
+
+
+@OPS.converter("aten.permute.default")
+def _convert_permute(ctx: ImportContext, node, args, kwargs):
+    axes = tuple(a % len(args[0].shape) for a in args[1])
+    if axes == tuple(range(len(axes))):
+        return args[0]
+    return ctx.call("transpose", args[0], axes=axes)
+
+
+@OPS.converter("aten.t.default", "aten.transpose.int")
+def _convert_transpose(ctx: ImportContext, node, args, kwargs):
+    x = args[0]
+    axes = list(range(x.tensor_type.ndim))
+    d0, d1 = (args[1], args[2]) if len(args) > 2 else (0, 1)
+    if axes:
+        axes[d0], axes[d1] = axes[d1], axes[d0]
+    return ctx.call("transpose", x, axes=tuple(axes))
+
+
+# ---------------------------------------------------------------- broadcast_to
+
+
+def _broadcast_to_rel(types: list[Type], attrs: Attrs) -> Type:
+    (x,) = arity(types, 1)
+    shape = tuple(attrs["shape"])
+    if broadcast_shapes(x.shape, shape) != shape:
+        raise IRTypeError(f"cannot broadcast {x.shape} to {shape}")
+    return TensorType(shape, x.dtype)
+
+
+def _broadcast_to_compute(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    (x,) = args
+    shape = out_tensor(out_type).shape
+    return te.compute(shape, lambda *i: read_broadcast(x, i, shape), name="broadcast_to")
+
+
+OPS.register("broadcast_to", _broadcast_to_rel, Pattern.BROADCAST, 1, attrs={"shape": REQUIRED},
+             compute=_broadcast_to_compute,
+             evaluate=lambda args, attrs, ty: np.broadcast_to(args[0], tuple(attrs["shape"])))
+
+
+@OPS.converter("aten.expand.default")
+def _convert_expand(ctx: ImportContext, node, args, kwargs):
+    x, shape = args[0], ctx.out_shape()
+    return x if x.shape == shape else ctx.call("broadcast_to", x, shape=shape)
+
+
+# ---------------------------------------------------------------- strided_slice
+
+
+def _strided_slice_rel(types: list[Type], attrs: Attrs) -> Type:
+    (x,) = arity(types, 1)
+    shape = list(x.shape)
+    for axis, begin, end, step in zip(attrs["axes"], attrs["begin"], attrs["end"],
+                                      attrs["strides"], strict=True):
+        axis = normalize_axis(axis, x.ndim)
+        if step <= 0:
+            raise IRTypeError("strided_slice: steps must be positive")
+        start, stop, _ = slice(begin, end, step).indices(x.shape[axis])
+        shape[axis] = max(0, -(-(stop - start) // step))
+    return TensorType(tuple(shape), x.dtype)
+
+
+def _strided_slice_compute(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    (x,) = args
+    shape = te_shape(x)
+    starts = [0] * x.ndim
+    steps = [1] * x.ndim
+    for axis, begin, end, step in zip(attrs["axes"], attrs["begin"], attrs["end"],
+                                      attrs["strides"], strict=True):
+        axis = normalize_axis(axis, x.ndim)
+        starts[axis], _, _ = slice(begin, end, step).indices(shape[axis])
+        steps[axis] = step
+    return te.compute(
+        out_tensor(out_type).shape,
+        lambda *i: x[tuple(starts[a] + i[a] * steps[a] for a in range(x.ndim))],
+        name="strided_slice")
+
+
+def _strided_slice_evaluate(args, attrs, ty):
+    (x,) = args
+    index = [slice(None)] * x.ndim
+    for axis, begin, end, step in zip(attrs["axes"], attrs["begin"], attrs["end"],
+                                      attrs["strides"], strict=True):
+        index[normalize_axis(axis, x.ndim)] = slice(begin, end, step)
+    return x[tuple(index)]
+
+
+OPS.register("strided_slice", _strided_slice_rel, Pattern.INJECTIVE, 1,
+             attrs={"begin": REQUIRED, "end": REQUIRED, "strides": REQUIRED, "axes": REQUIRED},
+             compute=_strided_slice_compute, evaluate=_strided_slice_evaluate)
+
+
+@OPS.converter("aten.slice.Tensor")
+def _convert_slice(ctx: ImportContext, node, args, kwargs):
+    x = args[0]
+    dim = args[1] if len(args) > 1 else 0
+    start = args[2] if len(args) > 2 and args[2] is not None else 0
+    end = args[3] if len(args) > 3 and args[3] is not None else x.shape[dim]
+    step = args[4] if len(args) > 4 else 1
+    start, end, step = slice(start, end, step).indices(x.shape[dim % len(x.shape)])
+    if (start, end, step) == (0, x.shape[dim], 1):
+        return x
+    return ctx.call("strided_slice", x, begin=(start,), end=(end,), strides=(step,),
+                    axes=(dim,))
+
+
+@OPS.converter("aten.select.int")
+def _convert_select(ctx: ImportContext, node, args, kwargs):
+    x, dim, index = args
+    index = index % x.shape[dim]
+    sliced = ctx.call("strided_slice", x, begin=(index,), end=(index + 1,), strides=(1,),
+                      axes=(dim,))
+    return ctx.call("reshape", sliced, newshape=ctx.out_shape())
+
+
+# ---------------------------------------------------------------- concatenate
+
+
+def _concat_rel(types: list[Type], attrs: Attrs) -> Type:
+    tensors = [tensor_arg(t) for t in types]
+    if not tensors:
+        raise IRTypeError("concatenate needs at least one input")
+    axis = normalize_axis(attrs["axis"], tensors[0].ndim)
+    ref = tensors[0]
+    for t in tensors[1:]:
+        if t.ndim != ref.ndim or t.dtype != ref.dtype or any(
+            a != b for i, (a, b) in enumerate(zip(t.shape, ref.shape, strict=True)) if i != axis
+        ):
+            raise IRTypeError(f"concatenate: {t} does not match {ref} off axis {axis}")
+    total = sum(t.shape[axis] for t in tensors)
+    return TensorType(ref.shape[:axis] + (total,) + ref.shape[axis + 1:], ref.dtype)
+
+
+def _concatenate_compute(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    axis = normalize_axis(attrs["axis"], args[0].ndim)
+    return topi.concatenate(list(args), axis)
+
+
+OPS.register("concatenate", _concat_rel, Pattern.INJECTIVE, None, attrs={"axis": 0},
+             compute=_concatenate_compute,
+             evaluate=lambda args, attrs, ty: np.concatenate(
+                 args, axis=normalize_axis(attrs["axis"], args[0].ndim)))
+
+
+@OPS.converter("aten.cat.default", "aten.concat.default")
+def _convert_cat(ctx: ImportContext, node, args, kwargs):
+    dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
+    dtype = ctx.out_dtype()
+    parts = [ctx.cast(ctx.expr(t), dtype) for t in args[0] if t.tensor_type.size > 0]
+    return ctx.call("concatenate", *parts, axis=dim)
+
+
+# ---------------------------------------------------------------- split
+
+
+def _split_rel(types: list[Type], attrs: Attrs) -> Type:
+    (x,) = arity(types, 1)
+    axis = normalize_axis(attrs["axis"], x.ndim)
+    sizes = tuple(attrs["sizes"])
+    if sum(sizes) != x.shape[axis]:
+        raise IRTypeError(f"split sizes {sizes} do not add up to {x.shape[axis]}")
+    return TupleType(tuple(
+        TensorType(x.shape[:axis] + (s,) + x.shape[axis + 1:], x.dtype) for s in sizes))
+
+
+def _shifted(x: te.Tensor, axis: int, offset: int) -> Callable:
+    # a closure per field: te.compute rejects keyword-default arguments
+    def body(*i):
+        return x[tuple(i[:axis]) + (i[axis] + offset,) + tuple(i[axis + 1:])]
+
+    return body
+
+
+def _split_compute(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> list[te.Tensor]:
+    (x,) = args
+    assert isinstance(out_type, TupleType)
+    axis = normalize_axis(attrs["axis"], x.ndim)
+    outs = []
+    offset = 0
+    for j, field_ty in enumerate(out_type.fields):
+        outs.append(te.compute(out_tensor(field_ty).shape, _shifted(x, axis, offset),
+                               name=f"split{j}"))
+        offset += out_tensor(field_ty).shape[axis]
+    return outs
+
+
+def _split_evaluate(args, attrs, ty):
+    (x,) = args
+    axis = normalize_axis(attrs["axis"], x.ndim)
+    bounds = np.cumsum(attrs["sizes"])[:-1]
+    return list(np.split(x, bounds, axis=axis))
+
+
+OPS.register("split", _split_rel, Pattern.INJECTIVE, 1, attrs={"sizes": REQUIRED, "axis": 0},
+             compute=_split_compute, evaluate=_split_evaluate)
+
+
+@OPS.converter("aten.split_with_sizes.default", "aten.split.Tensor")
+def _convert_split(ctx: ImportContext, node, args, kwargs):
+    x, sizes = args[0], args[1]
+    dim = args[2] if len(args) > 2 else kwargs.get("dim", 0)
+    if isinstance(sizes, int):
+        full = x.shape[dim]
+        sizes = [min(sizes, full - i) for i in range(0, full, sizes)]
+    parts = ctx.call("split", x, sizes=tuple(sizes), axis=dim)
+    return tuple(TupleGetItem(parts, i) for i in range(len(sizes)))
+
+
+# ---------------------------------------------------------------- roll
+
+
+def _roll_rel(types: list[Type], attrs: Attrs) -> Type:
+    (x,) = arity(types, 1)
+    if len(attrs["shifts"]) != len(attrs["axes"]):
+        raise IRTypeError(f"roll: {len(attrs['shifts'])} shifts for {len(attrs['axes'])} axes")
+    for axis in attrs["axes"]:
+        normalize_axis(axis, x.ndim)
+    return x
+
+
+def _roll_shifts(attrs: Attrs, shape: tuple[int, ...]) -> list[int]:
+    """The shift of every axis, in [0, extent): shifts of a repeated axis add up."""
+    total = [0] * len(shape)
+    for shift, axis in zip(attrs["shifts"], attrs["axes"], strict=True):
+        total[normalize_axis(axis, len(shape))] += shift
+    return [s % d if d else 0 for s, d in zip(total, shape, strict=True)]
+
+
+def _roll_compute(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    (x,) = args
+    shape = te_shape(x)
+    shifts = _roll_shifts(attrs, shape)
+    return te.compute(
+        shape,
+        lambda *i: x[tuple(tvm.tirx.floormod(i[a] + (d - s), d) if s else i[a]
+                           for a, (s, d) in enumerate(zip(shifts, shape, strict=True)))],
+        name="roll")
+
+
+OPS.register("roll", _roll_rel, Pattern.INJECTIVE, 1,
+             attrs={"shifts": REQUIRED, "axes": REQUIRED}, compute=_roll_compute,
+             evaluate=lambda args, attrs, ty: np.roll(args[0], attrs["shifts"], attrs["axes"]),
+             doc="torch.roll: out[..., i, ...] = x[..., (i - shift) mod extent, ...]")
+
+
+@OPS.converter("aten.roll.default")
+def _convert_roll(ctx: ImportContext, node, args, kwargs):
+    x, shifts = args[0], args[1]
+    dims = args[2] if len(args) > 2 else kwargs.get("dims", [])
+    shifts = [shifts] if isinstance(shifts, int) else list(shifts)
+    dims = [dims] if isinstance(dims, int) else list(dims)
+    if dims:
+        return ctx.call("roll", x, shifts=tuple(shifts), axes=tuple(dims))
+    # no dims: torch rolls the flattened tensor
+    flat = ctx.call("reshape", x, newshape=(x.tensor_type.size,))
+    rolled = ctx.call("roll", flat, shifts=tuple(shifts), axes=(0,))
+    return ctx.call("reshape", rolled, newshape=x.shape)

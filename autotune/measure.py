@@ -372,7 +372,7 @@ def as_target(target: Any) -> tvm.target.Target:
 def target_json(target: Any) -> dict[str, Any]:
     if isinstance(target, dict):
         return dict(target)
-    from tecc.schedules.target import target_to_json
+    from tecc.target import target_to_json
 
     return target_to_json(target)
 

@@ -26,7 +26,7 @@ class TunableTask(Protocol):
     name:      a short readable name (logs, file names).
     workload:  the workload key's JSON (template, shapes, dtypes, anchor attributes);
                written to every tuning record as is.
-    target:    a tvm.target.Target or its JSON dict (schedules.target.target_to_json).
+    target:    a tvm.target.Target or its JSON dict (tecc.target.target_to_json).
 
     build_primfunc(config): the scheduled PrimFunc for `config`, arguments in the
         order inputs then outputs, static shapes. Runs in a build worker process.

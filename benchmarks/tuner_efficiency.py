@@ -26,7 +26,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tecc.autotune.measure import LocalBuilder, LocalRunner, MeasureInput, measure_batch  # noqa: E402
 from tecc.autotune.tuner import make_tuner  # noqa: E402
-from tecc.schedules.target import resolve_target  # noqa: E402
 
 from benchmarks.common import (  # noqa: E402
     RESULTS,
@@ -36,6 +35,7 @@ from benchmarks.common import (  # noqa: E402
     write_table,
 )
 from benchmarks.ops_cpu import anchor_task, workloads  # noqa: E402
+from tecc.target import resolve_target  # noqa: E402
 
 SELECTED = ["matmul_512", "matmul_1024", "conv_64x56_64_k3s1", "conv_128x28_128_k3s1",
             "conv_256x14_256_k3s1", "bert_dense_128x768x3072"]

@@ -14,7 +14,10 @@ anchor's inputs (weights included) in NCHW / unpacked layouts. Where a template 
 layout knobs (a conv's ic_bn/oc_bn, a dense's packing block tile_n) the kernel a
 config builds takes its inputs in that config's layout; `adapt_io` converts the
 canonical reference arrays to it (numpy), so every candidate is checked against one
-reference. Tasks satisfy autotune.task.TunableTask and pickle (IR, dicts and a
+reference. A group of injective ops only (no anchor: layout transforms, elementwise
+chains) is a task of the "injective" template: its `func` is the group's primitive
+Function, keyed by its input and output shapes and dtypes (the first group of a key
+stands for all). Tasks satisfy autotune.task.TunableTask and pickle (IR, dicts and a
 target JSON dict).
 """
 

@@ -136,7 +136,8 @@ def _injective_model() -> Function:
 @pytest.mark.parametrize("target", TARGETS, ids=_target_id)
 def test_injective_group_is_a_task(target):
     """A group without an anchor is a tuning task (template "injective", keyed by its
-    input and output shapes and dtypes), and every config of its space computes it."""
+    input and output shapes and dtypes), and every config of its space computes it
+    (sampled on the second target)."""
     func = _injective_model()
     (task,) = extract_tasks(func, target)
     assert task.template == "injective"
@@ -148,7 +149,10 @@ def test_injective_group_is_a_task(target):
     np.testing.assert_allclose(task.reference_outputs(inputs)[0], want.numpy(), rtol=1e-6,
                                atol=1e-6)
     assert len(task.space) > 1
-    _check_configs(task, [task.fallback_config(), *task.space])
+    # every config on the 8-lane target; samples on the 16-lane one (suite time)
+    configs = list(task.space) if target is TARGETS[0] else task.space.sample(
+        random.Random(0), SAMPLES)
+    _check_configs(task, [task.fallback_config(), *configs])
     # compile uses the fallback of the same template: what the kernel got is the task
     _, info = lower_primitive(func, "k", target, return_info=True)
     assert [(a.template, a.source, a.workload) for a in info] == [

@@ -28,7 +28,16 @@ from typing import Any
 
 import numpy as np
 import tvm
-from tecc.frontend.ir import Call, Function, TensorType, Var, post_order
+from tecc.frontend.ir import (
+    Call,
+    Constant,
+    Function,
+    TensorType,
+    Tuple,
+    TupleGetItem,
+    Var,
+    post_order,
+)
 from tecc.graph_opt.dense_pack import pack_dense_weight
 from tecc.graph_opt.evaluate import evaluate_call
 from tecc.graph_opt.layout import (
@@ -43,6 +52,8 @@ from tecc.schedules.blocks import anchor_kind, inline_injective
 from tecc.schedules.lower import anchor_workloads, build_te, lower_primitive
 from tecc.schedules.space import Config, ConfigSpace
 from tecc.schedules.template import INJECTIVE_KIND, ScheduleContext, Template, templates_for
+from tecc.schedules.templates_conv import conv_blocks
+from tecc.schedules.templates_dense import dense_pack_block
 from tvm import te
 from tvm.s_tir.schedule import Schedule
 
@@ -127,15 +138,11 @@ class Task:
         info = target_info(self.tvm_target)
         lanes = info.vector_lanes("float32")
         if self.template in CONV_TEMPLATES:
-            from tecc.schedules.templates_conv import conv_blocks
-
             blocks = conv_blocks(wl, dict(config), lanes) if config is not None else None
             if blocks is None:
                 blocks = conv_blocks(wl, self.template_obj.fallback_values(wl, lanes), lanes)
             return _conv_nchwc_func(call, wl, blocks)
         if self.kind == "dense_pack":
-            from tecc.schedules.templates_dense import dense_pack_block
-
             nb = dense_pack_block(wl, None if config is None else dict(config), lanes,
                                   info.cores)
             x, w = self.func.params
@@ -348,8 +355,6 @@ def resolve(target: Any) -> tvm.target.Target:
 def evaluate_function(func: Function, inputs: list[np.ndarray]) -> list[np.ndarray] | None:
     """The outputs of `func` on `inputs`, evaluated op by op in numpy
     (graph_opt.evaluate); None when one of its ops has no evaluator."""
-    from tecc.frontend.ir import Constant, Tuple, TupleGetItem
-
     env: dict[int, Any] = {id(p): np.asarray(x) for p, x in zip(func.params, inputs,
                                                                    strict=True)}
     for node in post_order(func.body):

@@ -25,9 +25,9 @@ import tvm  # noqa: E402
 from tecc.frontend.ir import Call, Function, TensorType, Var  # noqa: E402
 from tecc.graph_opt.layout import layout_name  # noqa: E402
 from tecc.schedules.lower import lower_primitive  # noqa: E402
-from tecc.schedules.target import resolve_target  # noqa: E402
 
 from benchmarks.common import host_line, write_table  # noqa: E402
+from tecc.target import resolve_target  # noqa: E402
 
 # (channels, height/width): activations of ResNet-18 and MobileNetV2 at batch 1
 SHAPES = [(3, 224), (32, 112), (96, 112), (144, 56), (64, 56), (192, 28), (128, 28),

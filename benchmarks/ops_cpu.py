@@ -28,10 +28,10 @@ from tecc.frontend.ir import Call, Constant, Function, TensorType, Var  # noqa: 
 from tecc.graph_opt.fuse_ops import fuse_ops  # noqa: E402
 from tecc.graph_opt.layout import make_convert_layout  # noqa: E402
 from tecc.graph_opt.pipeline import optimize  # noqa: E402
-from tecc.schedules.target import resolve_target, vector_lanes  # noqa: E402
 from tecc.schedules.tasks import extract_tasks  # noqa: E402
 
 from benchmarks.common import host_line, median_ms, write_table  # noqa: E402
+from tecc.target import resolve_target, target_info  # noqa: E402
 
 # The distinct convolutions of ResNet-18 at 224x224, batch 1: (C, H, O, kernel, stride)
 RESNET18_CONVS = [(3, 224, 64, 7, 2), (64, 56, 64, 3, 1), (64, 56, 128, 3, 2),
@@ -86,7 +86,7 @@ def anchor_task(func: Function, target, winograd: bool = False) -> object:
     (NCHWc layout for convs, weights pre-packed for dense), then its anchor's task.
     3x3 convs stay direct unless `winograd` (the direct conv is the TE workload other
     tuners are compared on)."""
-    lanes = vector_lanes(target)
+    lanes = target_info(target).vector_lanes()
     overrides = {} if winograd else {
         "convert_layout_nchwc": make_convert_layout(winograd_fn=lambda conv, lanes: 0)}
     fused = fuse_ops(optimize(func.with_attrs(cpu_vector_lanes=lanes), opt_level=3,

@@ -21,11 +21,11 @@ from tecc.autotune.records import load_records  # noqa: E402
 from tecc.autotune.runner import LocalRunner  # noqa: E402
 from tecc.autotune.transfer import TransferSource  # noqa: E402
 from tecc.autotune.tuner import make_tuner  # noqa: E402
-from tecc.schedules.target import resolve_target  # noqa: E402
 
 from benchmarks.common import host_line, write_table  # noqa: E402
 from benchmarks.ops_cpu import anchor_task, workloads  # noqa: E402
 from benchmarks.tuner_efficiency import CHECKPOINTS, SELECTED, mean_gflops_at  # noqa: E402
+from tecc.target import resolve_target  # noqa: E402
 
 TUNERS = ("xgb_transfer", "xgb", "random")
 # tuner_efficiency's workloads whose template the shipped records hold other

@@ -28,7 +28,6 @@ from tecc.autotune.builder import LocalBuilder  # noqa: E402
 from tecc.autotune.measure import MeasureInput, measure_batch  # noqa: E402
 from tecc.autotune.runner import LocalRunner  # noqa: E402
 from tecc.autotune.tuner import make_tuner  # noqa: E402
-from tecc.schedules.target import resolve_target  # noqa: E402
 
 from benchmarks.common import (  # noqa: E402
     RESULTS,
@@ -38,6 +37,7 @@ from benchmarks.common import (  # noqa: E402
     write_table,
 )
 from benchmarks.ops_cpu import anchor_task, workloads  # noqa: E402
+from tecc.target import resolve_target  # noqa: E402
 
 SELECTED = ["matmul_512", "matmul_1024", "conv_64x56_64_k3s1", "conv_128x28_128_k3s1",
             "conv_256x14_256_k3s1", "bert_dense_128x768x3072"]

@@ -21,10 +21,11 @@ from typing import Any
 
 import tvm
 from tecc.frontend.ir import Call, Constant, Expr, Function, Tuple, TupleGetItem, Var, post_order
+from tecc.schedules.blocks import anchor_kind, block_name, injective_anchor, root_blocks
 from tecc.schedules.computes import ANCHOR_ATTR, get_compute, scalar_constant
 from tecc.schedules.default import AppliedTemplate, default_schedule
 from tecc.schedules.space import Config, ConfigSpace
-from tecc.schedules.template import ScheduleContext, Template, load_templates
+from tecc.schedules.template import INJECTIVE_KIND, ScheduleContext, Template, templates_for
 from tvm import te
 from tvm.s_tir.schedule import Schedule
 
@@ -133,28 +134,32 @@ def lower_primitive(func: Function, name: str, target: tvm.target.Target,
     placeholders, outputs = build_te(func, target, anchors)
     prim = te.create_prim_func(placeholders + outputs)
     sch = Schedule(tvm.IRModule({"main": prim}))
-    workloads = anchor_workloads(sch, anchors)
+    workloads = anchor_workloads(sch, anchors, func, target.kind.name)
     applied: list[AppliedTemplate] = []
     sch = default_schedule(sch, target, make_chooser(config), workloads, applied)
     prim = sch.mod["main"].with_attr("global_symbol", name)
     return (prim, applied) if return_info else prim
 
 
-def anchor_workloads(sch: Schedule, anchors: dict[str, tuple[Call, str]]
+def anchor_workloads(sch: Schedule, anchors: dict[str, tuple[Call, str]],
+                     func: Function | None = None, target_kind: str = "llvm"
                      ) -> dict[str, dict[str, Any]]:
-    """Block name -> workload dict for every anchor block with a template."""
-    templates = load_templates()
+    """Block name -> workload dict for every anchor block with a template; for a group
+    of injective ops only (given its Function `func`), its last output block -> the
+    injective template's workload."""
+    templates = templates_for(target_kind)
     by_kind: dict[str, list[Call]] = {}
     for call, kind in anchors.values():
         by_kind.setdefault(kind, []).append(call)
     result = {}
-    for block in sch.get_child_blocks(sch.get_sblock("root")):
+    group = injective_anchor(sch)
+    if group is not None and func is not None and INJECTIVE_KIND in templates:
+        call = Call(func, func.params)
+        result[block_name(sch, group)] = templates[INJECTIVE_KIND].workload(call, INJECTIVE_KIND)
+    for block in root_blocks(sch):
         stmt = sch.get(block)
-        kind = stmt.annotations.get(ANCHOR_ATTR)
-        if kind is None:
-            continue
-        kind = str(kind)
-        template = templates.get(kind)
+        kind = anchor_kind(sch, block)
+        template = None if kind is None else templates.get(kind)
         if template is None:
             continue
         found = anchors.get(stmt.name_hint)

@@ -19,10 +19,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-
-def _divisors(n: int) -> list[int]:
-    small = [d for d in range(1, int(math.isqrt(n)) + 1) if n % d == 0]
-    return sorted(set(small + [n // d for d in small]))
+from tecc.schedules.blocks import divisors
 
 
 def factorizations(extent: int, parts: int, policy: str = "factors",
@@ -42,7 +39,7 @@ def factorizations(extent: int, parts: int, policy: str = "factors",
                 out.append(p)
                 p *= 2
             return out
-        return [d for d in _divisors(remaining) if d <= limit]
+        return [d for d in divisors(remaining) if d <= limit]
 
     results: list[tuple[int, ...]] = []
 
@@ -211,3 +208,20 @@ class ConfigSpace:
 
     def dumps(self, config: Config) -> str:
         return json.dumps(config.to_json(), sort_keys=True)
+
+
+def nearest_config(space: ConfigSpace, values: dict[str, Any]) -> Config:
+    """The config nearest to `values`: each knob takes its value, else the closest
+    numeric option, else its first option (a fallback written for one target's
+    options used on another's)."""
+    chosen = {}
+    for knob in space.knobs:
+        want = values.get(knob.name, knob.options[0])
+        if want in knob.options:
+            chosen[knob.name] = want
+        elif isinstance(want, int | float) and all(isinstance(o, int | float)
+                                                  for o in knob.options):
+            chosen[knob.name] = min(knob.options, key=lambda o: (abs(o - want), o))
+        else:
+            chosen[knob.name] = knob.options[0]
+    return space.from_json(chosen)

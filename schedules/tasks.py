@@ -14,19 +14,30 @@ anchor's inputs (weights included) in NCHW / unpacked layouts. Where a template 
 layout knobs (a conv's ic_bn/oc_bn, a dense's packing block tile_n) the kernel a
 config builds takes its inputs in that config's layout; `adapt_io` converts the
 canonical reference arrays to it (numpy), so every candidate is checked against one
-reference. Tasks satisfy autotune.task.TunableTask and pickle (IR, dicts and a
+reference. A group of injective ops only (no anchor: layout transforms, elementwise
+chains) is a task of the "injective" template: its `func` is the group's primitive
+Function, keyed by its input and output shapes and dtypes (the first group of a key
+stands for all). Tasks satisfy autotune.task.TunableTask and pickle (IR, dicts and a
 target JSON dict).
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import tvm
-from tecc.frontend.ir import Call, Function, TensorType, Var, post_order
+from tecc.frontend.ir import (
+    Call,
+    Constant,
+    Function,
+    TensorType,
+    Tuple,
+    TupleGetItem,
+    Var,
+    post_order,
+)
 from tecc.graph_opt.dense_pack import pack_dense_weight
 from tecc.graph_opt.evaluate import evaluate_call
 from tecc.graph_opt.layout import (
@@ -36,20 +47,27 @@ from tecc.graph_opt.layout import (
     pack_winograd_weight,
     to_nchwc,
 )
-from tecc.schedules.default import _inline_injective
+from tecc.runtime.canonical import canonical_json
+from tecc.schedules.blocks import anchor_kind, inline_injective
 from tecc.schedules.lower import anchor_workloads, build_te, lower_primitive
 from tecc.schedules.space import Config, ConfigSpace
-from tecc.schedules.target import num_cores, target_to_json, vector_lanes
-from tecc.schedules.template import ScheduleContext, Template, load_templates
+from tecc.schedules.template import INJECTIVE_KIND, ScheduleContext, Template, templates_for
+from tecc.schedules.templates_conv import conv_blocks
+from tecc.schedules.templates_dense import dense_pack_block
 from tvm import te
 from tvm.s_tir.schedule import Schedule
 
+from tecc.target import resolve_target, target_info, target_to_json
+
+# Templates whose kernel takes NCHW{c}c data (a config's blocks pick the layout).
 CONV_TEMPLATES = ("conv2d_NCHWc", "depthwise_conv2d_NCHWc", "conv2d_winograd_NCHWc")
+# Templates whose workload is in NCHW conv terms (templates_conv.conv_workload).
+CONV_WORKLOAD_TEMPLATES = ("conv2d", *CONV_TEMPLATES)
 
 
 def workload_json(workload: dict[str, Any]) -> str:
     """Canonical JSON of a workload (the same as autotune.records.workload_key)."""
-    return json.dumps(workload, sort_keys=True, separators=(",", ":"))
+    return canonical_json(workload)
 
 
 def _as_target(target: Any) -> tvm.target.Target:
@@ -75,20 +93,19 @@ class Task:
 
     @property
     def template_obj(self) -> Template:
-        return load_templates()[self.template]
+        return templates_for(self.tvm_target.kind.name)[self.template]
 
     def _context(self, func: Function) -> ScheduleContext:
         target = self.tvm_target
         anchors: dict[str, tuple[Call, str]] = {}
         placeholders, outputs = build_te(func, target, anchors)
         sch = Schedule(tvm.IRModule({"main": te.create_prim_func(placeholders + outputs)}))
-        _inline_injective(sch)
-        workloads = anchor_workloads(sch, anchors)
+        workloads = anchor_workloads(sch, anchors, func, target.kind.name)
+        inline_injective(sch)
         for name, wl in workloads.items():
             block = sch.get_sblock(name)
-            kind = str(sch.get(block).annotations["tecc.anchor"])
-            return ScheduleContext(sch, block, target, vector_lanes(target), num_cores(target),
-                                   kind, wl)
+            kind = anchor_kind(sch, block) or INJECTIVE_KIND
+            return ScheduleContext.create(sch, block, target, kind, wl)
         raise ValueError(f"task {self.name}: no anchor block with a template")
 
     @property
@@ -113,22 +130,21 @@ class Task:
     def kernel_func(self, config: Config | dict[str, Any] | None) -> Function:
         """The anchor-only Function in the layout `config` wants (None: the default
         layout, which the fallback config has)."""
+        if self.template not in CONV_TEMPLATES and self.kind != "dense_pack":
+            return self.func
         call = self.func.body
         assert isinstance(call, Call)
         wl = self.workload
-        lanes = vector_lanes(self.tvm_target)
+        info = target_info(self.tvm_target)
+        lanes = info.vector_lanes("float32")
         if self.template in CONV_TEMPLATES:
-            from tecc.schedules.templates_conv import conv_blocks
-
             blocks = conv_blocks(wl, dict(config), lanes) if config is not None else None
             if blocks is None:
                 blocks = conv_blocks(wl, self.template_obj.fallback_values(wl, lanes), lanes)
             return _conv_nchwc_func(call, wl, blocks)
         if self.kind == "dense_pack":
-            from tecc.schedules.templates_dense import dense_pack_block
-
             nb = dense_pack_block(wl, None if config is None else dict(config), lanes,
-                                  num_cores(self.tvm_target))
+                                  info.cores)
             x, w = self.func.params
             n, k = w.shape
             xv = Var(x.name, x.ty)
@@ -160,6 +176,9 @@ class Task:
         return out
 
     def reference_outputs(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        if self.template == INJECTIVE_KIND:
+            value = evaluate_function(self.func, inputs)
+            return value if value is not None else self._run_fallback(inputs)
         call = self.func.body
         assert isinstance(call, Call)
         value = evaluate_call(call.op, [np.asarray(x) for x in inputs], call.attrs, call.ty)
@@ -173,7 +192,7 @@ class Task:
         prim = lower_primitive(self.func, "ref", target)
         ex = tvm.compile(tvm.IRModule({"ref": prim}), target=target)
         dev = tvm.cpu()
-        ty = self.func.body.ty
+        ty = self.func.ret_type
         fields = getattr(ty, "fields", None) or (ty,)
         outs = [tvm.runtime.tensor(np.zeros(t.shape, t.dtype), dev) for t in fields]
         ex["ref"](*[tvm.runtime.tensor(np.ascontiguousarray(x), dev) for x in inputs], *outs)
@@ -230,8 +249,12 @@ def _conv_nchwc_func(call: Call, wl: dict[str, Any], blocks: tuple[int, int]) ->
 
 
 def _canonical_anchor(call: Call, template: str, workload: dict[str, Any]) -> Function:
-    """The anchor alone, inputs as Vars, in canonical layout (NCHW conv, W[N, K])."""
-    if template in CONV_TEMPLATES:
+    """The anchor alone, inputs as Vars, in canonical layout (NCHW conv, W[N, K]); for
+    an injective group (`call` of its primitive Function), the group itself."""
+    if template == INJECTIVE_KIND:
+        assert isinstance(call.op, Function)
+        return call.op
+    if template in CONV_WORKLOAD_TEMPLATES:
         attrs = {k: v for k, v in dict(call.attrs).items()
                  if k not in ("data_layout", "out_layout", "winograd_tile")}
         data = Var("data", TensorType(tuple(workload["data"]), workload["dtype"]))
@@ -247,11 +270,20 @@ def _canonical_anchor(call: Call, template: str, workload: dict[str, Any]) -> Fu
 
 
 def anchors_of(prim: Function, target: tvm.target.Target) -> list[tuple[Call, str, Template]]:
-    """The anchor IR calls of a primitive Function that have a template."""
-    templates = load_templates()
+    """The anchor IR calls of a primitive Function that have a template; a group of
+    injective ops only gives one pseudo-anchor: the call of `prim` on its params,
+    kind "injective"."""
+    templates = templates_for(target.kind.name)
     anchors: dict[str, tuple[Call, str]] = {}
-    build_te(prim, target, anchors)
-    return [(call, kind, templates[kind]) for call, kind in anchors.values() if kind in templates]
+    placeholders, outputs = build_te(prim, target, anchors)
+    found = [(call, kind, templates[kind]) for call, kind in anchors.values()
+             if kind in templates]
+    if not anchors and INJECTIVE_KIND in templates:
+        sch = Schedule(tvm.IRModule({"main": te.create_prim_func(placeholders + outputs)}))
+        wl = anchor_workloads(sch, {}, prim, target.kind.name)
+        if wl:
+            found.append((Call(prim, prim.params), INJECTIVE_KIND, templates[INJECTIVE_KIND]))
+    return found
 
 
 def extract_tasks(func: Function, target: Any) -> list[Task]:
@@ -288,7 +320,10 @@ def task_from_workload(workload: dict[str, Any], target: Any, name: str | None =
     tgt = resolve(target)
     template = workload["template"]
     name = name or template
-    if template in CONV_TEMPLATES:
+    if template == INJECTIVE_KIND:
+        raise ValueError("an injective workload names shapes, not ops: its task comes from "
+                         "the model (extract_tasks), not from the workload alone")
+    if template in CONV_WORKLOAD_TEMPLATES:
         d = Var("data", TensorType(tuple(workload["data"]), workload["dtype"]))
         w = Var("weight", TensorType(tuple(workload["kernel"]), workload["dtype"]))
         attrs = {"strides": tuple(workload["strides"]), "padding": tuple(workload["padding"]),
@@ -309,7 +344,31 @@ def task_from_workload(workload: dict[str, Any], target: Any, name: str | None =
 
 def resolve(target: Any) -> tvm.target.Target:
     if isinstance(target, str):
-        from tecc.schedules.target import resolve_target
-
         return resolve_target(target)
     return _as_target(target)
+
+
+def evaluate_function(func: Function, inputs: list[np.ndarray]) -> list[np.ndarray] | None:
+    """The outputs of `func` on `inputs`, evaluated op by op in numpy
+    (graph_opt.evaluate); None when one of its ops has no evaluator."""
+    env: dict[int, Any] = {id(p): np.asarray(x) for p, x in zip(func.params, inputs,
+                                                                   strict=True)}
+    for node in post_order(func.body):
+        if id(node) in env:
+            continue
+        if isinstance(node, Constant):
+            env[id(node)] = node.data
+        elif isinstance(node, Call) and isinstance(node.op, str):
+            value = evaluate_call(node.op, [env[id(a)] for a in node.args], node.attrs, node.ty)
+            if value is None:
+                return None
+            env[id(node)] = value
+        elif isinstance(node, Tuple):
+            env[id(node)] = [env[id(f)] for f in node.fields]
+        elif isinstance(node, TupleGetItem):
+            env[id(node)] = env[id(node.tuple_value)][node.index]
+        else:
+            return None
+    result = env[id(func.body)]
+    return list(result) if isinstance(result, list) else [result]
+

@@ -1,5 +1,6 @@
 """Templates for the blocked (NCHW{c}c) convolutions, direct algorithm.
 
+conv2d (NCHW, without the layout pass): a register tile of output channels x columns.
 conv2d_NCHWc: data [N, C/ic, H, W, ic] x kernel [OC/oc, IPG/ic, KH, KW, ic, oc].
     Loop nest: parallel(n, oc_chunk, oh_outer) / ow_outer /
                reduction (ic_chunk, kh, kw | kh, kw, ic_chunk) / ic /
@@ -33,11 +34,16 @@ from typing import Any
 from tecc.frontend.ir import Call
 from tecc.frontend.op_defs.nn import nchwc_kernel_dims, winograd_tile
 from tecc.graph_opt.layout import default_out_block_for, in_block, out_block_candidates
-from tecc.schedules.default import _acc_budget, _tile_epilogue_parallel, padding_producer
-from tecc.schedules.default import _vectorize_tail as vectorize_tail
-from tecc.schedules.space import Config, ConfigSpace
+from tecc.schedules.blocks import (
+    accumulator_budget,
+    divisors,
+    largest_divisor,
+    padding_producer,
+    tile_epilogue_parallel,
+    vectorize_tail,
+)
+from tecc.schedules.space import Config, ConfigSpace, nearest_config
 from tecc.schedules.template import ScheduleContext, Template, register_template
-from tecc.schedules.templates_dense import _config_from_values
 
 MAX_TILE_OW = 28  # AVX-512's accumulator budget with one vector per column
 # Where the zero padding of a padded conv is produced: "root" (the whole padded
@@ -104,7 +110,7 @@ def default_ow_tile(ow: int, oc_bn: int, lanes: int) -> int:
     """The widest column tile the accumulator budget allows, evened out over the
     width so that the tail tile is not a sliver (7 columns: 4 + 3, not 6 + 1)."""
     vecs = max(1, -(-oc_bn // lanes))
-    widest = max(1, min(ow, _acc_budget(lanes, vecs) // vecs))
+    widest = max(1, min(ow, accumulator_budget(lanes, vecs) // vecs))
     tiles = -(-ow // widest)
     return -(-ow // tiles)
 
@@ -168,7 +174,7 @@ class Conv2dNCHWcTemplate(_ConvBase):
 
     def fallback(self, space: ConfigSpace, ctx: ScheduleContext) -> Config:
         values = self.fallback_values(self._workload(ctx), ctx.lanes, self._buffer_blocks(ctx))
-        return _config_from_values(space, values)
+        return nearest_config(space, values)
 
     def accepts(self, ctx: ScheduleContext, config: Config) -> bool:
         return (config["ic_bn"], config["oc_bn"]) == self._buffer_blocks(ctx)
@@ -222,7 +228,7 @@ class DepthwiseNCHWcTemplate(_ConvBase):
         return int(ctx.sch.get(ctx.block).writes[0].source.shape[-1])
 
     def fallback(self, space: ConfigSpace, ctx: ScheduleContext) -> Config:
-        return _config_from_values(space, self.fallback_values(self._workload(ctx), ctx.lanes,
+        return nearest_config(space, self.fallback_values(self._workload(ctx), ctx.lanes,
                                                                self._block(ctx)))
 
     def accepts(self, ctx: ScheduleContext, config: Config) -> bool:
@@ -273,7 +279,7 @@ def _register_tile(ctx: ScheduleContext, config: Config, n, c_outer, oh, ow, c_b
     oho, ohi = sch.split(oh, [None, ohb])
     outer = [n, oho, c_outer] if _rows_first(sch, block) else [n, c_outer, oho]
     sch.reorder(*outer, owo, *reduction, *inner, ohi, owi, c_block)
-    target, top = _tile_epilogue_parallel(sch, block, acc, owo, outer, math.prod(exts))
+    target, top = tile_epilogue_parallel(sch, acc, owo, outer, math.prod(exts))
     if pad is not None and pad_mode == "rows":
         sch.compute_at(pad, top, preserve_unit_loops=True)
         vectorize_tail(sch, pad, ctx.lanes)
@@ -312,7 +318,7 @@ class WinogradNCHWcTemplate(Conv2dNCHWcTemplate):
                         blocks: tuple[int, int] | None = None) -> dict[str, Any]:
         ic_bn, oc_bn = blocks or _default_blocks(conv_dims(wl), lanes)
         vecs = max(1, -(-oc_bn // lanes))
-        tile_p = max(1, min(8, _acc_budget(lanes, vecs) // vecs))
+        tile_p = max(1, min(8, accumulator_budget(lanes, vecs) // vecs))
         return {"ic_bn": ic_bn, "oc_bn": oc_bn, "tile_p": tile_p, "input_order": "tile_chunk"}
 
     def apply(self, ctx: ScheduleContext, config: Config) -> None:
@@ -409,6 +415,54 @@ def _unroll_points(sch, pt0, pt1, red, block) -> None:
     sch.vectorize(block)
 
 
+class Conv2dNCHWTemplate(_ConvBase):
+    """The plain NCHW conv (what a graph without the layout pass keeps, e.g. at
+    opt_level 0): parallel(n, oc_o, oh) / ow_o / ic, kh, kw / oc_i (unrolled) /
+    ow_i (vectorized); the accumulator local, the epilogue under ow_o.
+    Knobs: oc_block (output channels per tile, a divisor of OC up to 16), ow_block
+    (output columns per tile, a divisor of OW up to two vectors)."""
+
+    name = "conv2d"
+
+    def _dims(self, ctx: ScheduleContext) -> list[int]:
+        exts = ctx.loop_extents()
+        if len(exts) != 7 or any(e is None for e in exts):
+            raise ValueError("conv2d template expects n, oc, oh, ow, ic, kh, kw (static)")
+        return exts  # type: ignore[return-value]
+
+    def define_space(self, ctx: ScheduleContext) -> ConfigSpace:
+        _, oc, _, ow, *_ = self._dims(ctx)
+        space = ConfigSpace()
+        space.define_choice("oc_block", [d for d in divisors(oc) if d <= 16])
+        space.define_choice("ow_block", [d for d in divisors(ow) if d <= 2 * ctx.lanes])
+        return space
+
+    def fallback(self, space: ConfigSpace, ctx: ScheduleContext) -> Config:
+        _, oc, _, ow, *_ = self._dims(ctx)
+        # One vector of output columns (7 of 14, 8 of 56 on AVX2) times 8 output
+        # channels: 8 accumulators; wider column tiles measured 2-5x slower (spills).
+        return space.from_json({"oc_block": largest_divisor(oc, 8),
+                                "ow_block": largest_divisor(ow, ctx.lanes)})
+
+    def apply(self, ctx: ScheduleContext, config: Config) -> None:
+        sch, block = ctx.sch, ctx.block
+        exts = self._dims(ctx)
+        n, oc, oh, ow, ic, kh, kw = sch.get_loops(block)
+        ocb, owb = config["oc_block"], config["ow_block"]
+        acc = sch.cache_write(block, 0, "local")
+        oco, oci = sch.split(oc, [None, ocb])
+        owo, owi = sch.split(ow, [None, owb])
+        sch.reorder(n, oco, oh, owo, ic, kh, kw, oci, owi)
+        target, _ = tile_epilogue_parallel(sch, acc, owo, [n, oco, oh], math.prod(exts))
+        sch.unroll(oci)
+        if owb >= 4:  # odd widths (7, 14) become LLVM vectors with a short tail
+            sch.vectorize(owi)
+        init = sch.decompose_reduction(block, ic)
+        vectorize_tail(sch, target, ctx.lanes)
+        vectorize_tail(sch, init, ctx.lanes)
+
+
+CONV2D_NCHW = register_template(Conv2dNCHWTemplate())
 CONV2D = register_template(Conv2dNCHWcTemplate())
 DEPTHWISE = register_template(DepthwiseNCHWcTemplate())
 WINOGRAD = register_template(WinogradNCHWcTemplate())

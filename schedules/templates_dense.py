@@ -26,32 +26,30 @@ from typing import Any
 
 from tecc.frontend.ir import Call
 from tecc.graph_opt.dense_pack import default_dense_block, dense_block_candidates
-from tecc.schedules.default import (
+from tecc.schedules.blocks import (
+    ANCHOR_ATTR,
     COMM_REDUCE,
-    _iter_types,
-    _pack_map,
-    _pack_schedule,
-    _root_blocks,
-    _tile_epilogue_parallel,
-    _vectorize_tail,
+    PARALLEL_MIN_WORK,
+    iter_types,
+    loop_extent,
+    root_blocks,
+    tile_epilogue_parallel,
+    vector_registers,
+    vectorize_tail,
 )
-from tecc.schedules.space import Config, ConfigSpace
-from tecc.schedules.template import ScheduleContext, Template, _jsonable, register_template
+from tecc.schedules.space import Config, ConfigSpace, nearest_config
+from tecc.schedules.template import ScheduleContext, Template, jsonable, register_template
+from tvm.s_tir.schedule import Schedule
 
 TILE_M = (1, 2, 3, 4, 6, 8)
 TILE_MO = (1, 2, 4, 8, 16)
 TILE_NO = (1, 2, 4, 8)
-VECTOR_REGISTERS = {8: 16, 16: 32, 4: 16}  # fp32 lanes -> vector registers (AVX2, AVX-512, NEON-ish)
-
-
-def _vector_registers(lanes: int) -> int:
-    return VECTOR_REGISTERS.get(lanes, 16 if lanes < 16 else 32)
 
 
 def dense_dims(ctx: ScheduleContext) -> tuple[int, int, int, int]:
     """(batch, M, N, K) from the anchor's loops (batch: the product of leading axes)."""
     exts = ctx.loop_extents()
-    types = _iter_types(ctx.sch, ctx.block)
+    types = iter_types(ctx.sch, ctx.block)
     if any(e is None for e in exts):
         raise ValueError("symbolic extents")
     if types[-1] != COMM_REDUCE or types.count(COMM_REDUCE) != 1:
@@ -88,7 +86,7 @@ def register_tile_rows(m: int, nb: int, lanes: int) -> int:
     """Rows of the register tile: what the vector registers hold after one B vector
     per column vector and a broadcast A value; a divisor of M when one is close."""
     vecs = max(1, -(-nb // lanes))
-    budget = max(1, (_vector_registers(lanes) - vecs - 1) // vecs)
+    budget = max(1, (vector_registers(lanes) - vecs - 1) // vecs)
     fits = [t for t in TILE_M if t <= min(budget, m)] or [1]
     divs = [t for t in fits if m % t == 0]
     best = max(fits)
@@ -117,21 +115,6 @@ def dense_fallback_values(m: int, n: int, k: int, lanes: int, cores: int,
             "order": "mn_k", "unroll_k": 1, "pack_b": False}
 
 
-def _config_from_values(space: ConfigSpace, values: dict[str, Any]) -> Config:
-    """The config nearest to `values`: each knob takes the value, else its closest option."""
-    chosen = {}
-    for knob in space.knobs:
-        want = values.get(knob.name, knob.options[0])
-        if want in knob.options:
-            chosen[knob.name] = want
-        elif isinstance(want, int | float) and all(isinstance(o, int | float)
-                                                  for o in knob.options):
-            chosen[knob.name] = min(knob.options, key=lambda o: (abs(o - want), o))
-        else:
-            chosen[knob.name] = knob.options[0]
-    return space.from_json(chosen)
-
-
 class DenseLikeTemplate(Template):
     packs_always: tuple[str, ...] = ()  # kinds whose B must be packed in the kernel
     pack_choice_kinds: tuple[str, ...] = ()  # kinds where packing B is a knob
@@ -152,7 +135,7 @@ class DenseLikeTemplate(Template):
             b_shape = [nc * nb, k]
         return {"template": self.name,
                 "inputs": [[list(a.shape), str(a.dtype)], [b_shape, str(b.dtype)]],
-                "attrs": _jsonable(dict(call.attrs))}
+                "attrs": jsonable(dict(call.attrs))}
 
     @staticmethod
     def mnk_of_workload(workload: dict[str, Any]) -> tuple[int, int, int]:
@@ -193,7 +176,7 @@ class DenseLikeTemplate(Template):
     def fallback(self, space: ConfigSpace, ctx: ScheduleContext) -> Config:
         _, m, n, k = dense_dims(ctx)
         values = dense_fallback_values(m, n, k, ctx.lanes, ctx.cores, self.packed_block(ctx))
-        return _config_from_values(space, values)
+        return nearest_config(space, values)
 
     def accepts(self, ctx: ScheduleContext, config: Config) -> bool:
         nb = self.packed_block(ctx)
@@ -231,19 +214,41 @@ class DenseLikeTemplate(Template):
         else:
             sch.reorder(*batch, moo, noo, ko, mti, nti, ki, *kinner, mii, ni)
             at = noo
-        target, _ = _tile_epilogue_parallel(sch, block, acc, at, [*batch, moo, noo],
-                                         batch_ext * m_ext * n_ext * k_ext)
+        target, _ = tile_epilogue_parallel(sch, acc, at, [*batch, moo, noo],
+                                           batch_ext * m_ext * n_ext * k_ext)
         for lp in kinner:
             sch.unroll(lp)
         sch.unroll(mii)
         sch.vectorize(ni)
         init = sch.decompose_reduction(block, ko)
-        _vectorize_tail(sch, target, ctx.lanes)
-        _vectorize_tail(sch, init, ctx.lanes)
+        vectorize_tail(sch, target, ctx.lanes)
+        vectorize_tail(sch, init, ctx.lanes)
         if pack:
-            for b in _root_blocks(sch):
+            for b in root_blocks(sch):
                 if sch.get(b).name_hint.endswith("_global"):
-                    _pack_schedule(sch, b, ctx.lanes)
+                    _pack_schedule(sch, b)
+
+
+def _pack_map(block, nb: int):
+    """Index map packing operand B of a dense-like block to [..., N/nb, K, nb]:
+    B[..., n, k] for dense and matmul_nt, B[..., k, n] for matmul."""
+    kind = str(block.annotations[ANCHOR_ATTR])
+    n_major = kind == "dense" or kind.endswith("_nt")
+
+    def index_map(*idx):
+        *batch, a, b = idx
+        nn, kk = (a, b) if n_major else (b, a)
+        return (*batch, nn // nb, kk, nn % nb)
+
+    return index_map
+
+
+def _pack_schedule(sch: Schedule, block) -> None:
+    """The in-kernel packing copy of B: parallel when large enough."""
+    loops = sch.get_loops(block)
+    ext = math.prod(loop_extent(sch, lp) or 1 for lp in loops)
+    if ext >= PARALLEL_MIN_WORK:
+        sch.parallel(loops[0])
 
 
 DENSE = register_template(DenseLikeTemplate(

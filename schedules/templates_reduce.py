@@ -1,4 +1,4 @@
-"""Tunable templates for pools, reductions, normalizations and injective groups (CPU).
+"""Tunable templates for pools, reductions and normalizations (CPU).
 
 Templates (anchor kind in the "tecc.anchor" annotation -> template):
   pool                          max_pool2d / avg_pool2d / adaptive (divisible) and
@@ -7,7 +7,6 @@ Templates (anchor kind in the "tecc.anchor" annotation -> template):
   variance                      the two-pass variance
   softmax, log_softmax          max, exp-sum and normalize of every row
   layer_norm                    sum, squared deviations and normalize of every row
-  injective                     a group without an anchor: `schedule_injective_group`
 
 The reduction family shares one output-driven schedule. The group's output block
 (the normalize, the mean's divide or the reduction itself) gives the row loop; every
@@ -29,177 +28,44 @@ spatial splits may be ragged (TVM keeps the predicate).
 from __future__ import annotations
 
 import math
-import os
-from collections.abc import Sequence
 from dataclasses import dataclass
 
-import tvm
-from tecc.schedules.computes import ANCHOR_ATTR
-from tecc.schedules.default import padding_producer
+from tecc.schedules.blocks import (
+    ANCHOR_ATTR,
+    DATA_PAR,
+    PARALLEL_MIN_WORK,
+    all_blocks,
+    best_vector_width,
+    block_name,
+    divisors,
+    elementwise_consumer,
+    inline_injective,
+    is_reduction,
+    iter_types,
+    padding_producer,
+    reduction_loops,
+    root_blocks,
+    static_extent,
+    static_extents,
+    vars_in,
+    vector_width_options,
+)
 from tecc.schedules.space import Config, ConfigSpace
-from tecc.schedules.target import num_cores, vector_lanes
 from tecc.schedules.template import ScheduleContext, Template, register_template
 from tvm.s_tir.schedule import Schedule
 
-DATA_PAR = 0
-PARALLEL_MIN_WORK = 16384  # elements: below, thread start-up costs more than it saves
 # Row reductions stream their input at a few elements per ns: measured on the 2-core
 # AVX2 host, 25K-element reductions (global pool 512x7x7) ran 2-3x slower parallel.
 ROW_PARALLEL_MIN_WORK = 65536
 
 
-# ---------------------------------------------------------------- target facts
-
-
-def _cache_bytes(level: int, default: int) -> int:
-    """Size of this host's data/unified cache at `level` (sysfs), else `default`."""
-    base = "/sys/devices/system/cpu/cpu0/cache"
-    try:
-        for entry in sorted(os.listdir(base)):
-            path = os.path.join(base, entry)
-            with open(os.path.join(path, "level")) as f:
-                if int(f.read()) != level:
-                    continue
-            with open(os.path.join(path, "type")) as f:
-                if f.read().strip() == "Instruction":
-                    continue
-            with open(os.path.join(path, "size")) as f:
-                text = f.read().strip().upper()
-            mult = {"K": 1024, "M": 1024 ** 2}.get(text[-1:], 1)
-            return int(text.rstrip("KM")) * mult
-    except (OSError, ValueError):
-        pass
-    return default
-
-
-L1_BYTES = _cache_bytes(1, 32 * 1024)
-L2_BYTES = _cache_bytes(2, 512 * 1024)
-
-
-def context_for(sch: Schedule, block, target: tvm.target.Target) -> ScheduleContext:
-    """A ScheduleContext for `block` (what default.py builds for its anchors)."""
-    return ScheduleContext(sch, block, target, vector_lanes(target), num_cores(target))
-
-
-# ---------------------------------------------------------------- block helpers
-
-
-def _name(sch: Schedule, block) -> str:
-    return sch.get(block).name_hint
-
-
-def _iter_types(sch: Schedule, block) -> list[int]:
-    return [int(iv.iter_type) for iv in sch.get(block).iter_vars]
-
-
-def _is_reduction(sch: Schedule, block) -> bool:
-    return any(t != DATA_PAR for t in _iter_types(sch, block))
-
-
-def _root_blocks(sch: Schedule) -> list:
-    return list(sch.get_child_blocks(sch.get_sblock("root")))
-
-
-def _extent(sch: Schedule, loop) -> int:
-    ext = sch.get(loop).extent
-    if not isinstance(ext, tvm.tirx.IntImm):
-        raise ValueError("symbolic loop extent")
-    return int(ext)
-
-
-def _extents(sch: Schedule, loops: Sequence) -> list[int]:
-    return [_extent(sch, lp) for lp in loops]
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def _vec_options(n: int, lanes: int) -> list[int]:
-    """Exact divisors of `n` usable as a vector width: up to four vectors."""
-    return [d for d in _divisors(n) if d <= 4 * lanes] or [1]
-
-
-def _best_vec(n: int, lanes: int) -> int:
-    """Fallback vector width for an extent n: two vectors when a power of two divides n
-    that far (two independent accumulators), else the widest divisor up to two
-    vectors, preferring powers of two."""
-    opts = _vec_options(n, lanes)
-    pow2 = [d for d in opts if d & (d - 1) == 0 and d <= 2 * lanes]
-    if pow2 and pow2[-1] >= min(lanes, 4):
-        return pow2[-1]
-    small = [d for d in opts if d <= 2 * lanes]
-    return small[-1] if small and small[-1] >= 3 else (pow2[-1] if pow2 else 1)
-
-
-def _vars_in(expr) -> set:
-    return set(tvm.tirx.analysis.undefined_vars(expr, []))
-
-
-def _inline_spatial_intermediates(sch: Schedule, keep: Sequence[str] = ()) -> None:
-    """compute_inline every spatial block that is not an output (what default.py does
-    before dispatching), so the template sees the same blocks either way."""
-    outputs = {_name(sch, b) for b in sch.get_output_blocks(sch.get_sblock("root"))}
-    changed = True
-    while changed:
-        changed = False
-        for block in _root_blocks(sch):
-            name = _name(sch, block)
-            if _is_reduction(sch, block) or name in outputs or name in keep:
-                continue
-            try:
-                sch.compute_inline(block)
-                changed = True
-            except tvm.TVMError:
-                pass
-
-
-def _identity_consumer(sch: Schedule, producer):
-    """The single consumer of `producer` if it reads the producer's buffer elementwise
-    (same index, same shape): it can be computed under the producer's tile loops."""
-    consumers = list(sch.get_consumers(producer))
-    if len(consumers) != 1 or _is_reduction(sch, consumers[0]):
-        return None
-    buffer = sch.get(producer).writes[0].source
-    block = sch.get(consumers[0])
-    ivars = [iv.var for iv in block.iter_vars]
-    for region in block.reads:
-        if not region.source.same_as(buffer):
-            continue
-        if len(region.region) != len(ivars) or [int(d) for d in buffer.shape] != [
-                int(iv.dom.extent) for iv in block.iter_vars]:
-            return None
-        for rng, var in zip(region.region, ivars, strict=True):
-            if not (rng.min.same_as(var) and int(rng.extent) == 1):
-                return None
-    return consumers[0]
-
-
 def _drop_anchor_copies(sch: Schedule, keep) -> None:
     """rfactor copies the anchor annotation onto its rf block: one anchor per group."""
     kept = sch.get(keep)
-    for block in _all_blocks(sch):
+    for block in all_blocks(sch):
         stmt = sch.get(block)
         if not stmt.same_as(kept) and ANCHOR_ATTR in stmt.annotations:
             sch.unannotate(block, ANCHOR_ATTR)
-
-
-def _all_blocks(sch: Schedule) -> list:
-    """Every block of the function, nested ones too (rf blocks under a row loop)."""
-    out = []
-
-    def walk(parent):
-        for child in sch.get_child_blocks(parent):
-            out.append(child)
-            walk(child)
-
-    walk(sch.get_sblock("root"))
-    for block in _root_blocks(sch):
-        for loop in sch.get_loops(block)[:1]:
-            for child in sch.get_child_blocks(loop):
-                if child not in out:
-                    out.append(child)
-    return out
 
 
 # ---------------------------------------------------------------- reductions
@@ -225,7 +91,7 @@ def _reduced_dims(sch: Schedule, block) -> tuple[object, set[int]]:
     rvars = {iv.var for iv in blk.iter_vars if int(iv.iter_type) != DATA_PAR}
     best = None
     for region in blk.reads:
-        dims = {d for d, rng in enumerate(region.region) if _vars_in(rng.min) & rvars}
+        dims = {d for d, rng in enumerate(region.region) if vars_in(rng.min) & rvars}
         if dims and (best is None or len(region.region) > len(best[0].shape)):
             best = (region.source, dims)
     if best is None:
@@ -238,7 +104,7 @@ def _analyze_rows(sch: Schedule, anchor) -> _Rows:
     if len(outputs) != 1:
         raise ValueError("a reduction group has one output")
     out = outputs[0]
-    reductions = [b for b in _root_blocks(sch) if _is_reduction(sch, b)]
+    reductions = [b for b in root_blocks(sch) if is_reduction(sch, b)]
     if not reductions:
         raise ValueError("no reduction block")
     buf, dims = _reduced_dims(sch, anchor)
@@ -247,21 +113,21 @@ def _analyze_rows(sch: Schedule, anchor) -> _Rows:
     rows = math.prod(shape) // k
     row_mode = (len(shape) - 1) in dims
     out_shape = [int(d) for d in sch.get(out).writes[0].source.shape]
-    if _is_reduction(sch, out):
+    if is_reduction(sch, out):
         kind = "red"
     elif out_shape == shape and len(out_shape) > 0 and math.prod(out_shape) != rows:
         kind = "full"
     else:
         kind = "rows"
     for red in reductions:
-        if math.prod(_extents(sch, _red_loops(sch, red))) != k:
+        if math.prod(static_extents(sch, _red_loops(sch, red))) != k:
             raise ValueError("the group's reductions differ in length")
     return _Rows(out, kind, reductions, row_mode, rows, k, 1 if row_mode else shape[-1])
 
 
 def _red_loops(sch: Schedule, block) -> list:
     loops = sch.get_loops(block)
-    types = _iter_types(sch, block)
+    types = iter_types(sch, block)
     n_sp = types.count(DATA_PAR)
     if len(loops) != len(types) or any(t != DATA_PAR for t in types[:n_sp]):
         raise ValueError("reduction loops are not innermost")
@@ -269,7 +135,7 @@ def _red_loops(sch: Schedule, block) -> list:
 
 
 def _spatial_loops(sch: Schedule, block) -> list:
-    types = _iter_types(sch, block)
+    types = iter_types(sch, block)
     return sch.get_loops(block)[: types.count(DATA_PAR)]
 
 
@@ -290,13 +156,13 @@ class RowReduceTemplate(Template):
         info = _analyze_rows(ctx.sch, ctx.block)
         space = ConfigSpace()
         if info.row_mode:
-            vecs = set(_vec_options(info.k, ctx.lanes))
+            vecs = set(vector_width_options(info.k, ctx.lanes))
             ps = {1, ctx.cores} if ctx.cores > 1 else {1}
             space.define_split("k_split", info.k, num_outputs=3,
                                filter_fn=lambda f: f[0] in ps and f[2] in vecs)
             space.define_choice("parallel", ["none", "rows"] if info.rows > 1 else ["none"])
         else:
-            vecs = set(_vec_options(info.c, ctx.lanes))
+            vecs = set(vector_width_options(info.c, ctx.lanes))
             space.define_split("c_split", info.c, num_outputs=2,
                                filter_fn=lambda f: f[1] in vecs)
             space.define_choice("parallel", ["none", "outer"])
@@ -307,22 +173,22 @@ class RowReduceTemplate(Template):
         work = info.rows * info.k
         big = work >= ROW_PARALLEL_MIN_WORK
         if info.row_mode:
-            kv = _best_vec(info.k, ctx.lanes)
+            kv = best_vector_width(info.k, ctx.lanes)
             # Few long rows: one core would stream the whole row; split it when
             # a core's share is still at least an L1-sized block.
             p = ctx.cores if (info.rows < ctx.cores and ctx.cores > 1 and big
                               and info.k % (ctx.cores * kv) == 0
-                              and info.k * 4 // ctx.cores >= L1_BYTES // 4) else 1
+                              and info.k * 4 // ctx.cores >= ctx.info.l1d_bytes // 4) else 1
             values = {"k_split": (p, info.k // (p * kv), kv),
                       "parallel": "rows" if big and info.rows > 1 else "none"}
         else:
-            cv = _best_vec(info.c, ctx.lanes)
+            cv = best_vector_width(info.c, ctx.lanes)
             values = {"c_split": (info.c // cv, cv), "parallel": "outer" if big else "none"}
         return space.from_json(values)
 
     def apply(self, ctx: ScheduleContext, config: Config) -> None:
         sch = ctx.sch
-        _inline_spatial_intermediates(sch)
+        inline_injective(sch)
         info = _analyze_rows(sch, ctx.block)
         if info.row_mode:
             _apply_row_mode(sch, info, config)
@@ -350,7 +216,7 @@ def _finish_rf(sch: Schedule, rf, depth: int, p: int, ko: int, kv: int) -> None:
     vectorized, its init hoisted out of ko. At the root with p > 1:
     parallel(rows, p) / ko / kv."""
     loops = sch.get_loops(rf)[depth:]
-    exts = _extents(sch, loops)
+    exts = static_extents(sch, loops)
     if p > 1:
         # at the root, rfactor kept the loops: rows..., (p x kv) fused, ko
         *rows, f, red = loops
@@ -410,7 +276,7 @@ def _apply_row_mode(sch: Schedule, info: _Rows, config: Config) -> None:
     row = None
     if rows:
         row = sch.fuse(*rows) if len(rows) > 1 else rows[0]
-    others = [b for b in _root_blocks(sch) if _name(sch, b) != _name(sch, out)]
+    others = [b for b in root_blocks(sch) if block_name(sch, b) != block_name(sch, out)]
     if p == 1 and row is not None:
         # one pass over each row: its reductions computed under the row loop
         for block in reversed(others):
@@ -450,7 +316,7 @@ def _apply_column_mode(sch: Schedule, info: _Rows, config: Config) -> None:
         rows = loops[:-1]
         c_o, c_v = sch.split(loops[-1], [co, cv])
     outer = sch.fuse(*rows, c_o) if rows else c_o
-    others = [b for b in _root_blocks(sch) if _name(sch, b) != _name(sch, out)]
+    others = [b for b in root_blocks(sch) if block_name(sch, b) != block_name(sch, out)]
     for block in reversed(others):
         sch.compute_at(block, outer)
     if par:
@@ -465,18 +331,18 @@ def _vectorize_column(sch: Schedule, block, cv: int) -> None:
     loops = sch.get_loops(block)[1:]
     if not loops:
         return
-    exts = _extents(sch, loops)
-    if _is_reduction(sch, block):
-        blk = sch.get(block)
-        n_red = sum(1 for iv in blk.iter_vars
-                    if int(iv.iter_type) != DATA_PAR and int(iv.dom.extent) > 1)
-        red = loops[len(loops) - n_red:] if n_red else []
-        spatial = loops[: len(loops) - n_red]
+    exts = static_extents(sch, loops)
+    if is_reduction(sch, block):
+        # which loops reduce is read off the bindings: after the reorder above, the
+        # lane loop is innermost and may be as long as the reduction
+        reducing = {sch.get(lp).loop_var for lp in reduction_loops(sch, block)}
+        red = [lp for lp in loops if sch.get(lp).loop_var in reducing]
+        spatial = [lp for lp in loops if sch.get(lp).loop_var not in reducing]
         if spatial and red:
             sch.reorder(*red, *spatial)
         if spatial and cv > 1:
             lane = spatial[-1]
-            if _extent(sch, lane) == cv:
+            if static_extent(sch, lane) == cv:
                 sch.vectorize(lane)
         if red:
             sch.decompose_reduction(block, red[0])
@@ -494,7 +360,7 @@ for _kind in ("reduce", "variance", "softmax", "log_softmax", "layer_norm"):
 
 def _is_global_pool(sch: Schedule, block) -> bool:
     loops = sch.get_loops(block)
-    exts = _extents(sch, loops)
+    exts = static_extents(sch, loops)
     return exts[2] == 1 and exts[3] == 1 and padding_producer(sch, block) is None
 
 
@@ -522,7 +388,7 @@ class PoolTemplate(Template):
         if _is_global_pool(sch, block):
             return self._rows.define_space(ctx)
         loops = sch.get_loops(block)
-        exts = _extents(sch, loops)
+        exts = static_extents(sch, loops)
         nchwc = len(loops) == 7
         ow = exts[3]
         limit = 8 if nchwc else 2 * ctx.lanes
@@ -539,13 +405,13 @@ class PoolTemplate(Template):
         if _is_global_pool(sch, block):
             return self._rows.fallback(space, ctx)
         loops = sch.get_loops(block)
-        exts = _extents(sch, loops)
+        exts = static_extents(sch, loops)
         nchwc = len(loops) == 7
         ow = exts[3]
         if nchwc:
-            inner = max(d for d in _divisors(ow) if d <= 4)  # a few vectors of cb
+            inner = max(d for d in divisors(ow) if d <= 4)  # a few vectors of cb
         else:
-            inner = _best_vec(ow, ctx.lanes) if ow >= 4 else 1
+            inner = best_vector_width(ow, ctx.lanes) if ow >= 4 else 1
             inner = inner if inner <= 2 * ctx.lanes else 1
         work = math.prod(exts)
         nc = exts[0] * exts[1]
@@ -555,7 +421,7 @@ class PoolTemplate(Template):
         if "pad" in space:
             # a plane that fits in L2 is best padded under the (n, c) loop
             h_pad = exts[2] * exts[-2] * (4 if nchwc else 1)
-            values["pad"] = "compute_at" if parallel == 2 and h_pad * 4 < L2_BYTES else "root"
+            values["pad"] = "compute_at" if parallel == 2 and h_pad * 4 < ctx.info.l2_bytes else "root"
         return space.from_json(values)
 
     def apply(self, ctx: ScheduleContext, config: Config) -> None:
@@ -583,11 +449,11 @@ class PoolTemplate(Template):
         depth = config["parallel"]
         nc = sch.fuse(n, c)
         outer = sch.fuse(nc, oh) if depth == 3 else nc
-        epilogue = _identity_consumer(sch, block)
+        epilogue = elementwise_consumer(sch, block)
         if epilogue is not None:
             sch.reverse_compute_at(epilogue, owo, preserve_unit_loops=True)
             tail = sch.get_loops(epilogue)[-1]
-            if _extent(sch, tail) > 1 and (nchwc or inner > 1):
+            if static_extent(sch, tail) > 1 and (nchwc or inner > 1):
                 sch.vectorize(tail)
         if pad is not None:
             if pad_mode == "compute_at":
@@ -608,103 +474,8 @@ class PoolTemplate(Template):
             sch.vectorize(owi)  # before decompose: the update block alone is not "complete"
         init = sch.decompose_reduction(block, rh)
         tail = sch.get_loops(init)[-1]
-        if _extent(sch, tail) > 1 and (nchwc or inner > 1):
+        if static_extent(sch, tail) > 1 and (nchwc or inner > 1):
             sch.vectorize(tail)
 
 
 register_template(PoolTemplate())
-
-
-# ---------------------------------------------------------------- injective groups
-
-
-class InjectiveTemplate(Template):
-    """A group of elementwise / broadcast / injective ops, inlined into its output
-    block(s) (the anchor: the last output).
-    Knobs: fuse "all" (one flat loop) | "inner" (the last axis kept apart: its vector
-    is contiguous even when a transpose makes the flat index strided);
-    vec lanes of the innermost split (1: scalar); unroll (vectors per step, unrolled);
-    chunks: parallel chunking of the outer loop, 0 serial, -1 one task per
-    iteration, n: n contiguous chunks.
-    Ragged splits keep TVM's predicate: every value is valid for every shape."""
-
-    name = "injective"
-
-    def define_space(self, ctx: ScheduleContext) -> ConfigSpace:
-        space = ConfigSpace()
-        space.define_choice("fuse", ["all", "inner"])
-        space.define_choice("vec", [1, ctx.lanes // 2, ctx.lanes, 2 * ctx.lanes])
-        space.define_choice("unroll", [1, 2, 4])
-        space.define_choice("chunks", [0, -1, ctx.cores, 4 * ctx.cores])
-        return space
-
-    def fallback(self, space: ConfigSpace, ctx: ScheduleContext) -> Config:
-        exts = _extents(ctx.sch, ctx.sch.get_loops(ctx.block))
-        total = math.prod(exts) if exts else 1
-        last = exts[-1] if exts else 1
-        inner_ok = last % ctx.lanes == 0 or last >= 4 * ctx.lanes
-        values = {"fuse": "inner" if inner_ok and len(exts) > 1 else "all",
-                  "vec": ctx.lanes if total >= ctx.lanes else 1,
-                  "unroll": 2 if total >= 64 * ctx.lanes else 1,
-                  "chunks": -1 if total >= PARALLEL_MIN_WORK else 0}
-        return space.from_json(values)
-
-    def apply(self, ctx: ScheduleContext, config: Config) -> None:
-        _inline_spatial_intermediates(ctx.sch)
-        _schedule_spatial(ctx.sch, ctx.block, config)
-
-
-def _schedule_spatial(sch: Schedule, block, config: Config) -> None:
-    loops = sch.get_loops(block)
-    if not loops or _is_reduction(sch, block):
-        return
-    exts = _extents(sch, loops)
-    vec, unroll, chunks = config["vec"], config["unroll"], config["chunks"]
-    if config["fuse"] == "inner" and len(loops) > 1:
-        *outer, last = loops
-        inner_ext = exts[-1]
-    else:
-        outer, last = [], sch.fuse(*loops) if len(loops) > 1 else loops[0]
-        inner_ext = math.prod(exts)
-    vec = min(vec, inner_ext)
-    factors = [None, unroll, vec] if unroll > 1 and inner_ext >= unroll * vec else [None, vec]
-    parts = sch.split(last, factors) if vec > 1 else [last]
-    lane = parts[-1] if vec > 1 else None
-    if vec > 1 and len(parts) == 3:
-        sch.unroll(parts[1])
-    top_parts = [*outer, parts[0]]
-    top = sch.fuse(*top_parts) if len(top_parts) > 1 else top_parts[0]
-    if chunks > 0 and _extent(sch, top) > chunks:
-        top, _ = sch.split(top, [chunks, None])
-    if chunks != 0 and _extent(sch, top) > 1:
-        sch.parallel(top)
-    if lane is not None:
-        sch.vectorize(lane)
-
-
-TEMPLATES_INJECTIVE = register_template(InjectiveTemplate())
-
-
-def schedule_injective_group(sch: Schedule, target: tvm.target.Target,
-                             config: Config | None = None) -> Config:
-    """Schedule a group without an anchor: inline its intermediates, then give every
-    root block the injective template's config (the given one, else the fallback of
-    the last output block's space). Returns the config used."""
-    template = TEMPLATES_INJECTIVE
-    _inline_spatial_intermediates(sch)
-    outputs = list(sch.get_output_blocks(sch.get_sblock("root")))
-    if not outputs:
-        raise ValueError("a group without outputs")
-    ctx = context_for(sch, outputs[-1], target)
-    if config is None:
-        config = template.fallback(template.define_space(ctx), ctx)
-    for block in _root_blocks(sch):
-        _schedule_spatial(sch, block, config)
-    return config
-
-
-def injective_context(sch: Schedule, target: tvm.target.Target) -> ScheduleContext:
-    """The context a tuner needs for an anchor-less group: its last output block."""
-    outputs = list(sch.get_output_blocks(sch.get_sblock("root")))
-    return context_for(sch, outputs[-1], target)
-

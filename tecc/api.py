@@ -21,8 +21,8 @@ from tecc.graph_opt.fuse_ops import primitive_per_op
 from tecc.graph_opt.layout import make_convert_layout
 from tecc.graph_opt.pass_manager import PassTrace, get_pass, run_passes
 from tecc.graph_opt.pipeline import optimize
-from tecc.schedules.target import resolve_target, target_to_json, vector_lanes
 from tecc.summary import CompileSummary, summarize
+from tecc.target import resolve_target, target_info, target_to_json
 from tecc.tuning import RecordsArg, TuningContext, task_table, warn_untuned
 
 
@@ -124,7 +124,7 @@ def _graph(model: Any, example_inputs: Sequence[Any] | None, target: str, opt_le
     start = time.perf_counter()
     trace = PassTrace()
     # The CPU layout pass blocks channels by the vector width (0 turns it off).
-    lanes = vector_lanes(tvm_target) if tvm_target.kind.name == "llvm" else 0
+    lanes = target_info(tvm_target).vector_lanes() if tvm_target.kind.name == "llvm" else 0
     func = imported.func.with_attrs(cpu_vector_lanes=lanes)
     tuning = TuningContext(records, tvm_target, lanes, winograd)
     overrides = {

@@ -25,9 +25,9 @@ import tvm
 from tecc.autotune.records import Choice, RecordDatabase, _record_files, workload_key
 from tecc.frontend.ir import Call
 from tecc.graph_opt.layout import WINOGRAD_DEFAULT_TILE, default_winograd_tile, winograd_eligible
-from tecc.schedules.target import num_cores, target_to_json
 from tecc.schedules.templates_conv import CONV2D, DEPTHWISE, WINOGRAD, conv_blocks, conv_workload
 from tecc.schedules.templates_dense import DENSE, dense_pack_block
+from tecc.target import target_info, target_to_json
 
 RecordsArg = str | os.PathLike | Sequence[str | os.PathLike] | None
 
@@ -46,7 +46,7 @@ class TuningContext:
         self.target = target
         self.target_json = target_to_json(target)
         self.lanes = lanes
-        self.cores = num_cores(target)
+        self.cores = target_info(target).cores
         self.digest = records_digest(records) if records else None
         self._chosen: dict[str, list[Choice]] = {}
 

@@ -5,9 +5,9 @@ from tecc.frontend.ir import Call, Constant, Function, TensorType, Var, post_ord
 from tecc.graph_opt.fuse_ops import fuse_ops, is_primitive_call
 from tecc.graph_opt.pipeline import optimize
 from tecc.runtime import Executor
-from tecc.schedules.target import resolve_target
 
 from tecc.build import build, ops_of
+from tecc.target import resolve_target
 
 RNG = np.random.default_rng(0)
 

@@ -34,9 +34,9 @@ from tecc.graph_opt.passes import (
 )
 from tecc.graph_opt.pipeline import optimization_pipeline, optimize
 from tecc.runtime import Executor
-from tecc.schedules.target import resolve_target
 
 from tecc.build import build
+from tecc.target import resolve_target
 from tests import models
 from tests.util import flatten, max_rel_error
 

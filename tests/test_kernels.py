@@ -14,13 +14,8 @@ from tecc.frontend.ir import Call, Constant, Expr, Function, TensorType, Tuple, 
 from tecc.frontend.ops import registered_ops
 from tecc.schedules.computes import registered_computes
 from tecc.schedules.lower import lower_primitive
-from tecc.schedules.target import (
-    host_cpu_info,
-    num_cores,
-    resolve_target,
-    target_to_json,
-    vector_lanes,
-)
+
+from tecc.target import host_llvm_cpu, resolve_target, target_info, target_to_json
 
 # The CI host may lack AVX-512: core-avx2 runs on every deployment target.
 TARGET = tvm.target.Target({"kind": "llvm", "mcpu": "core-avx2", "num-cores": 2})
@@ -565,11 +560,11 @@ def test_avx512_lanes_in_schedule():
 def test_resolve_target():
     host = resolve_target("llvm")
     assert host.kind.name == "llvm"
-    assert str(host.attrs["mcpu"]) == host_cpu_info()["mcpu"]
-    assert num_cores(host) >= 1
+    assert str(host.attrs["mcpu"]) == host_llvm_cpu()
+    assert target_info(host).cores >= 1
     skx = resolve_target("llvm:skylake-avx512")
-    assert str(skx.attrs["mcpu"]) == "skylake-avx512" and vector_lanes(skx) == 16
-    assert vector_lanes(resolve_target("llvm:core-avx2")) == 8
+    assert str(skx.attrs["mcpu"]) == "skylake-avx512" and target_info(skx).vector_lanes() == 16
+    assert target_info(resolve_target("llvm:core-avx2")).vector_lanes() == 8
     cuda = resolve_target("cuda:sm_90")
     assert cuda.kind.name == "cuda" and str(cuda.attrs["arch"]) == "sm_90"
     assert target_to_json(resolve_target("cuda")) == {"kind": "cuda", "arch": "sm_90"}

@@ -418,9 +418,9 @@ def test_input_conv_reads_in_place_unless_much_slower(tmp_path, in_place_extra_s
     # faster one reading NCHW3c while the difference is below what the transform into
     # NCHW3c costs (3x224x224: about 75 us), and the input then reaches it unmoved.
     from tecc.autotune.records import Record, RecordWriter
-    from tecc.schedules.target import target_to_json
     from tecc.schedules.templates_conv import CONV2D, conv_workload
 
+    from tecc.target import target_to_json
     from tecc.tuning import TuningContext
 
     x = Var("x", TensorType((1, 3, 224, 224), "float32"))

@@ -33,9 +33,10 @@ from tecc.autotune.runner import (
 )
 from tecc.autotune.task import TunableTask
 from tecc.schedules.space import Config, ConfigSpace
-from tecc.schedules.target import resolve_target, target_to_json
 from tvm import te
 from tvm.s_tir.schedule import Schedule
+
+from tecc.target import resolve_target, target_to_json
 
 N = 64
 SLOW = 512

@@ -1,7 +1,9 @@
-"""Tunable templates: dense / matmul / batch_matmul / conv2d_NCHWc / depthwise.
+"""Tunable templates: dense / matmul / batch_matmul / conv2d (NCHW and NCHWc) /
+depthwise / Winograd / injective groups.
 
-For each template and several workloads (odd sizes too), the fallback config and 20
-random configs are built (one library per workload) and compared with numpy; spaces
+For each template and several workloads (odd sizes too), the fallback config and 10
+random configs per target are built (one library per workload and target) for an
+8-lane and a 16-lane target and compared with numpy where the host runs them; spaces
 are checked (neighbours, index <-> config round trip, every config schedules); and
 compile(records=...) applies a record whose config differs from the fallback.
 """
@@ -20,15 +22,29 @@ import tvm
 from tecc.frontend.ir import Call, Function, TensorType, Var
 from tecc.graph_opt.layout import make_convert_layout
 from tecc.schedules.lower import lower_primitive
-from tecc.schedules.target import target_to_json
 from tecc.schedules.tasks import Task, extract_tasks, task_from_workload
-from tecc.schedules.template import TEMPLATES, load_templates
+from tecc.schedules.template import (
+    TEMPLATES,
+    Template,
+    get_template,
+    register_template,
+    templates_for,
+)
 
 import tecc
+from tecc.target import target_to_json
+from tests.util import VECTOR_TARGETS, runs_on_host
 
 TARGET = tvm.target.Target({"kind": "llvm", "mcpu": "core-avx2", "num-cores": 2})
+# 8 and 16 float32 lanes, 2 cores each: the config spaces and fallbacks differ
+TARGETS = [tvm.target.Target({"kind": "llvm", "mcpu": t.partition(":")[2], "num-cores": 2})
+           for t in VECTOR_TARGETS]
 DEV = tvm.cpu()
-SAMPLES = 20
+SAMPLES = 10  # random configs per workload and target (besides the fallback)
+
+
+def _target_id(target) -> str:
+    return str(target.attrs["mcpu"])
 
 
 def _mm(template: str, a: list[int], b: list[int], tb: bool = False) -> dict:
@@ -66,6 +82,8 @@ WORKLOADS = {
     "conv_b": _conv(3, 15, 16, 3, 2, 1, n=2),
     "conv_c": _conv(32, 7, 32, 1, 1, 0, w=9),
     "conv_d": _conv(8, 10, 16, 5, 2, 2),
+    # plain NCHW (a graph without the layout pass, e.g. opt_level 0)
+    "conv_nchw": {**_conv(16, 13, 24, 3, 1, 1), "template": "conv2d"},
     "dw_a": _conv(24, 9, 24, 3, 1, 1, n=2, dw=True),
     "dw_b": _conv(32, 14, 32, 3, 2, 1, dw=True),
     "dw_c": _conv(16, 11, 16, 5, 1, 2, dw=True, w=7),
@@ -76,21 +94,76 @@ WORKLOADS = {
 }
 
 
-def _task(name: str) -> Task:
-    return task_from_workload(WORKLOADS[name], TARGET, name)
+def _task(name: str, target=TARGET) -> Task:
+    return task_from_workload(WORKLOADS[name], target, name)
 
 
 def test_templates_registered():
-    load_templates()
     for kind in ("dense", "dense_pack", "matmul", "matmul_nt", "batch_matmul",
-                 "batch_matmul_nt", "conv2d_NCHWc", "depthwise_conv2d_NCHWc",
-                 "conv2d_winograd_NCHWc"):
-        assert kind in TEMPLATES
+                 "batch_matmul_nt", "conv2d", "conv2d_NCHWc", "depthwise_conv2d_NCHWc",
+                 "conv2d_winograd_NCHWc", "injective"):
+        assert kind in templates_for("llvm")
 
 
+def test_registry_is_per_target_kind():
+    """A template is registered for one target kind; one (target kind, anchor kind)
+    takes one template."""
+    class GpuDense(Template):
+        name = "dense_registry_probe"
+        target_kind = "cuda"
+
+    probe = register_template(GpuDense())
+    try:
+        assert get_template("dense_registry_probe", "cuda") is probe
+        assert get_template("dense_registry_probe") is None
+        assert "dense_registry_probe" not in templates_for("llvm")
+        with pytest.raises(ValueError, match="already registered"):
+            register_template(GpuDense())
+        with pytest.raises(ValueError, match="already registered"):
+            register_template(type("Again", (Template,), {"name": "dense"})())
+    finally:
+        TEMPLATES.pop(("cuda", "dense_registry_probe"))
+
+
+def _injective_model() -> Function:
+    """One kernel of injective ops only: a transpose, a broadcast add and a sigmoid."""
+    x = Var("x", TensorType((6, 40), "float32"))
+    b = Var("b", TensorType((6,), "float32"))
+    t = Call("transpose", [x], {"axes": (1, 0)})
+    return Function([x, b], Call("sigmoid", [Call("add", [t, b])]))
+
+
+@pytest.mark.parametrize("target", TARGETS, ids=_target_id)
+def test_injective_group_is_a_task(target):
+    """A group without an anchor is a tuning task (template "injective", keyed by its
+    input and output shapes and dtypes), and every config of its space computes it
+    (sampled on the second target)."""
+    func = _injective_model()
+    (task,) = extract_tasks(func, target)
+    assert task.template == "injective"
+    assert task.workload == {"template": "injective",
+                             "inputs": [[[6, 40], "float32"], [[6], "float32"]],
+                             "outputs": [[[40, 6], "float32"]]}
+    inputs = task.reference_inputs(0)
+    want = torch.sigmoid(torch.from_numpy(inputs[0]).T + torch.from_numpy(inputs[1]))
+    np.testing.assert_allclose(task.reference_outputs(inputs)[0], want.numpy(), rtol=1e-6,
+                               atol=1e-6)
+    assert len(task.space) > 1
+    # every config on the 8-lane target; samples on the 16-lane one (suite time)
+    configs = list(task.space) if target is TARGETS[0] else task.space.sample(
+        random.Random(0), SAMPLES)
+    _check_configs(task, [task.fallback_config(), *configs])
+    # compile uses the fallback of the same template: what the kernel got is the task
+    _, info = lower_primitive(func, "k", target, return_info=True)
+    assert [(a.template, a.source, a.workload) for a in info] == [
+        ("injective", "fallback", task.workload)]
+    assert info[0].config == task.fallback_config().to_json()
+
+
+@pytest.mark.parametrize("target", TARGETS, ids=_target_id)
 @pytest.mark.parametrize("name", list(WORKLOADS))
-def test_random_configs_match_numpy(name):
-    task = _task(name)
+def test_random_configs_match_numpy(name, target):
+    task = _task(name, target)
     space = task.space
     print(f"{name}: {space.describe()}")
     _check_configs(task, [task.fallback_config(), *space.sample(random.Random(name), SAMPLES)])
@@ -98,10 +171,13 @@ def test_random_configs_match_numpy(name):
 
 def _check_configs(task: Task, configs: list) -> dict:
     """Build `configs` of `task` into one module, run each on the task's reference
-    inputs (outputs start as NaN) and compare; returns the scheduled PrimFuncs."""
+    inputs (outputs start as NaN) and compare where the host runs the task's target;
+    returns the scheduled PrimFuncs."""
     prims = {f"k{i}": task.build_primfunc(c).with_attr("global_symbol", f"k{i}")
              for i, c in enumerate(configs)}
-    ex = tvm.compile(tvm.IRModule(prims), target=TARGET)
+    ex = tvm.compile(tvm.IRModule(prims), target=task.tvm_target)
+    if not runs_on_host(task.tvm_target):
+        return prims
     inputs = task.reference_inputs(1)
     expected = task.reference_outputs(inputs)
     for i, cfg in enumerate(configs):
@@ -191,14 +267,15 @@ def test_conv_threads_split_the_larger_operand(name, rows_first):
     assert parts == expected, parts
 
 
+@pytest.mark.parametrize("target", TARGETS, ids=_target_id)
 @pytest.mark.parametrize("name", ["dense_c", "matmul_a", "bmm_nt", "conv_a", "conv_c",
                                   "dw_a", "dw_c", "wino_a"])
-def test_every_config_schedules(name):
+def test_every_config_schedules(name, target):
     """Every config of the space applies (schedule only; small spaces in full, larger
-    ones on 150 samples)."""
-    task = _task(name)
+    ones on 75 samples per target)."""
+    task = _task(name, target)
     space = task.space
-    configs = list(space) if len(space) <= 150 else space.sample(random.Random(0), 150)
+    configs = list(space) if len(space) <= 75 else space.sample(random.Random(0), 75)
     for cfg in configs:
         task.build_primfunc(cfg)
 
@@ -295,15 +372,21 @@ def _changed(t: dict) -> dict:
     return cfg
 
 
+def _anchor_tasks(cm) -> list[dict]:
+    """cm.tasks() less the injective groups (the layout transforms around the convs)."""
+    return [t for t in cm.tasks() if t["template"] != "injective"]
+
+
 def test_compile_with_records(tmp_path):
     torch.manual_seed(0)
     model = _Net().eval()
     x = torch.randn(2, 3, 14, 14)
     want = model(x).detach().numpy()
     cm = tecc.compile(model, [x])
-    tasks = cm.tasks()
-    assert {t["template"] for t in tasks} == {"conv2d_NCHWc", "depthwise_conv2d_NCHWc", "dense"}
-    assert all(t["source"] == "fallback" and t["space_size"] > 1 for t in tasks)
+    assert {t["template"] for t in cm.tasks()} == {"conv2d_NCHWc", "depthwise_conv2d_NCHWc",
+                                                   "dense", "injective"}
+    assert all(t["source"] == "fallback" and t["space_size"] > 1 for t in cm.tasks())
+    tasks = _anchor_tasks(cm)
     np.testing.assert_allclose(cm(x).numpy(), want, rtol=1e-4, atol=1e-4)
 
     target = target_to_json(cm.target)
@@ -372,11 +455,14 @@ def test_one_workload_after_producers_of_different_blocks(tmp_path):
     lines = [(stem, {"ic_bn": 3, "oc_bn": 8}, 1e-3),        # the stem emits 8-blocks
              (conv, {"ic_bn": 8, "oc_bn": 16}, 2e-3),       # c1 reads them, emits 16
              (conv, {"ic_bn": 16, "oc_bn": 16}, 1e-3)]      # c2 reads 16-blocks
+    # the layout transforms around the convs: their fallback configs, recorded
+    lines += [(t, {}, 1e-3) for t in cm.tasks() if t["template"] == "injective"]
     path = tmp_path / "records.jsonl"
     with open(path, "w") as f:
         for t, blocks, cost in lines:
+            extra = {"tile_ow": 4} if blocks else {}
             f.write(json.dumps({"version": 1, "target": target, "workload": t["workload"],
-                                "config": {**t["config"], **blocks, "tile_ow": 4},
+                                "config": {**t["config"], **blocks, **extra},
                                 "costs_s": [cost], "error": None}) + "\n")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -397,7 +483,7 @@ def test_records_choose_between_winograd_and_direct(tmp_path):
     model = torch.nn.Sequential(torch.nn.Conv2d(16, 16, 3, padding=1), torch.nn.ReLU()).eval()
     x = torch.randn(1, 16, 12, 12)
     want = model(x).detach().numpy()
-    (task,) = tecc.compile(model, [x]).tasks()
+    (task,) = _anchor_tasks(tecc.compile(model, [x]))
     assert task["template"] == "conv2d_winograd_NCHWc" and task["source"] == "fallback"
     wino_wl = task["workload"]
     direct_wl = {k: v for k, v in wino_wl.items() if k != "winograd_tile"}
@@ -416,7 +502,7 @@ def test_records_choose_between_winograd_and_direct(tmp_path):
                                     "error": None}) + "\n")
         cm = tecc.compile(model, [x], target=TARGET, records=[path])
         np.testing.assert_allclose(cm(x).numpy(), want, rtol=1e-4, atol=1e-4)
-        (chosen,) = cm.tasks()
+        (chosen,) = _anchor_tasks(cm)
         return chosen
 
     assert compiled_with({"conv2d_NCHWc": 1e-3, "conv2d_winograd_NCHWc": 2e-3})[
@@ -432,8 +518,8 @@ def test_winograd_can_be_turned_off():
     model = torch.nn.Sequential(torch.nn.Conv2d(16, 32, 3, padding=1), torch.nn.ReLU()).eval()
     x = torch.randn(1, 16, 12, 12)
     on, off = tecc.compile(model, [x]), tecc.compile(model, [x], winograd=False)
-    assert [t["template"] for t in on.tasks()] == ["conv2d_winograd_NCHWc"]
-    assert [t["template"] for t in off.tasks()] == ["conv2d_NCHWc"]
+    assert [t["template"] for t in _anchor_tasks(on)] == ["conv2d_winograd_NCHWc"]
+    assert [t["template"] for t in _anchor_tasks(off)] == ["conv2d_NCHWc"]
     size = {name: sum(v.nbytes for v in cm.build_result.params.values())
             for name, cm in (("on", on), ("off", off))}
     bias = 32 * 4

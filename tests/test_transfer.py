@@ -12,8 +12,9 @@ from tecc.autotune.records import Record
 from tecc.autotune.transfer import PER_WORKLOAD, TransferSource
 from tecc.autotune.tune import TaskState, _pretrain
 from tecc.autotune.tuner import XGBTuner
-from tecc.schedules.target import resolve_target, target_to_json
 from tecc.schedules.tasks import task_from_workload
+
+from tecc.target import resolve_target, target_to_json
 
 TARGET = resolve_target("llvm")
 

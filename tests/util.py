@@ -36,3 +36,18 @@ def assert_close(got, expected, rtol: float = 1e-4, atol: float = 1e-5) -> None:
         assert g.shape == e.shape and g.dtype == e.dtype, (
             f"output {i}: {g.shape} {g.dtype}, expected {e.shape} {e.dtype}")
         np.testing.assert_allclose(g, e, rtol=rtol, atol=atol, err_msg=f"output {i}")
+
+
+# One 8-lane and one 16-lane float32 target: every template is scheduled and built for
+# both; their kernels run where the host has the instructions (runs_on_host).
+VECTOR_TARGETS = ("llvm:core-avx2", "llvm:skylake-avx512")
+
+
+def runs_on_host(target) -> bool:
+    """Whether code for `target` runs here: the host has every ISA feature it uses."""
+    from tecc.runtime.cpu import host_cpuinfo_flags, missing_on_host
+
+    from tecc.target import target_info
+
+    flags = host_cpuinfo_flags()
+    return flags is not None and not missing_on_host(target_info(target).features, flags)

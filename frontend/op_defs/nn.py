@@ -290,18 +290,20 @@ def _conv2d_nchwc_rel(types: list[Type], attrs: Attrs) -> Type:
     return TensorType((n, occ, oh, ow, oc), data.dtype)
 
 
+def winograd_matrices(tile: int, kernel: int = 3) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Winograd F(tile x tile, kernel x kernel)'s A (output), B (input) and G (kernel)
+    transforms, from topi's Cook-Toom generator (float64; topi itself only returns
+    them as TE constants)."""
+    from tvm.topi.nn.winograd_util import _cook_toom_convolution, _interpolation_points
+
+    a, b, g = _cook_toom_convolution(_interpolation_points(tile + kernel - 2), tile, kernel)
+    return (np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64),
+            np.asarray(g, dtype=np.float64))
+
+
+# The tiles tecc uses: F(2x2, 3x3) and F(4x4, 3x3).
 WINOGRAD_MATRICES: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {
-    2: (np.array([[1, 0], [1, -1], [1, 1], [0, 1]], dtype=np.float64),
-        np.array([[1, 0, 0, 0], [0, -1, 1, -1], [-1, 1, 1, 0], [0, 0, 0, 1]], dtype=np.float64),
-        np.array([[1, 0, 0], [1 / 2, -1 / 2, 1 / 2], [1 / 2, 1 / 2, 1 / 2], [0, 0, 1]])),
-    4: (np.array([[1, 0, 0, 0], [1, -1, 1, -1], [1, 1, 1, 1], [1, 1 / 2, 1 / 4, 1 / 8],
-                  [1, -2, 4, -8], [0, 0, 0, 1]]),
-        np.array([[1, 0, 0, 0, 0, 0], [-3 / 2, 1, -1, -2, 1 / 2, 1],
-                  [-2, -5 / 2, 1 / 2, -1, -1, -3 / 2], [3 / 2, 1 / 2, 5 / 2, 2, -1 / 2, -2],
-                  [1, 1, 1, 1, 1, 3 / 2], [0, 0, 0, 0, 0, 1]]),
-        np.array([[1, 0, 0], [-1 / 3, 1 / 3, -1 / 3], [1 / 3, 1 / 3, 1 / 3],
-                  [-16 / 15, -8 / 15, -4 / 15], [1 / 15, -2 / 15, 4 / 15], [0, 0, 1]])),
-}
+    tile: winograd_matrices(tile) for tile in (2, 4)}
 
 
 def _spatial_pad(x: te.Tensor, before: Sequence[int], after: Sequence[int], name: str,

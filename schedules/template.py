@@ -43,6 +43,7 @@ modules named in TEMPLATE_MODULES (missing ones are skipped).
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
 from dataclasses import dataclass, field
@@ -188,19 +189,13 @@ def templates_for(target_kind: str = "llvm") -> dict[str, Template]:
     return {kind: t for (tk, kind), t in TEMPLATES.items() if tk == target_kind}
 
 
-_loaded = False
+@functools.cache
+def _import_template_modules() -> None:
+    for module in TEMPLATE_MODULES:
+        importlib.import_module(module)
 
 
 def load_templates() -> dict[tuple[str, str], Template]:
     """Import the template modules (once) and return the registry."""
-    global _loaded
-    if not _loaded:
-        _loaded = True
-        for module in TEMPLATE_MODULES:
-            try:
-                importlib.import_module(module)
-            except ModuleNotFoundError as err:
-                if err.name != module:
-                    raise
-                log.debug("template module %s not present", module)
+    _import_template_modules()
     return TEMPLATES

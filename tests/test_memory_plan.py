@@ -8,9 +8,9 @@ from tecc.frontend.ir import Call, Function, TensorType, Tuple, Var
 from tecc.graph_opt.fuse_ops import fuse_ops
 from tecc.graph_opt.memory_plan import Step, plan_memory
 from tecc.runtime import Executor
-from tecc.schedules.target import resolve_target
 
 from tecc.build import build
+from tecc.target import resolve_target
 
 
 @st.composite

@@ -29,10 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tecc.runtime import cpu
-from tecc.runtime.canonical import canonical_json
-
-from tecc.target import target_from_json, target_info
+# This module imports no TVM (tecc.runtime included): the measuring side imports it
+# with the TVM runtime only, so target facts are imported where they are needed.
 
 RECORD_VERSION = 1
 REQUIRED = ("version", "target", "workload", "config", "costs_s", "error")
@@ -40,7 +38,7 @@ REQUIRED = ("version", "target", "workload", "config", "costs_s", "error")
 
 def workload_key(workload: dict[str, Any]) -> str:
     """Canonical JSON of a workload: the same string for the same layer anywhere."""
-    return canonical_json(workload)
+    return json.dumps(workload, sort_keys=True, separators=(",", ":"))
 
 
 def isa_family(target: dict[str, Any]) -> str:
@@ -48,17 +46,19 @@ def isa_family(target: dict[str, Any]) -> str:
     TargetInfo.isa_level: records of targets of one level are interchangeable starting
     points. Decided by the instruction-set features of the target's CPU (LLVM's), so
     any CPU LLVM knows is classified; one it does not know matches only itself."""
-    return _isa_family(canonical_json({k: target.get(k) for k in
-                                       ("kind", "mcpu", "arch", "mtriple")}))
+    return _isa_family(*(target.get(k) for k in ("kind", "mcpu", "arch", "mtriple")))
 
 
 @functools.cache
-def _isa_family(key: str) -> str:
-    target = json.loads(key)
+def _isa_family(kind: str | None, mcpu: str | None, arch: str | None,
+                mtriple: str | None) -> str:
+    from tecc.target import target_from_json, target_info
+
+    target = {"kind": kind, "mcpu": mcpu, "arch": arch, "mtriple": mtriple}
     try:
         return target_info(target_from_json(target)).isa_level
     except ValueError:
-        return f"{target.get('kind') or 'llvm'}-{target.get('mcpu') or 'generic'}"
+        return f"{kind or 'llvm'}-{mcpu or 'generic'}"
 
 
 def exact_target_key(target: dict[str, Any]) -> str:
@@ -68,6 +68,8 @@ def exact_target_key(target: dict[str, Any]) -> str:
 
 def host_info() -> dict[str, Any]:
     """Where a record was measured (provenance only: matching goes by the target)."""
+    from tecc.runtime import cpu
+
     return {"cpu": cpu.host_cpu_model(), "cores": cpu.host_cores()}
 
 

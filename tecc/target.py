@@ -210,7 +210,7 @@ def resolve_target(spec: str | tvm.target.Target | TargetInfo = "llvm") -> tvm.t
 def target_from_json(data: Mapping[str, Any]) -> tvm.target.Target:
     """The Target that `target_to_json` wrote `data` for (a tuning record's or a
     manifest's target). A CPU LLVM does not know is an error, as in resolve_target."""
-    kind = str(data.get("kind", "llvm"))
+    kind = str(data.get("kind") or "llvm")
     config: dict[str, Any] = {"kind": kind}
     for key in ("mcpu", "num-cores", "arch", "mtriple"):
         if data.get(key) is not None:

@@ -17,10 +17,10 @@ where a workload has no session.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
-import platform
 import statistics
 import time
 import warnings
@@ -29,14 +29,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+# This module imports no TVM (tecc.runtime included): the measuring side imports it
+# with the TVM runtime only, so target facts are imported where they are needed.
+
 RECORD_VERSION = 1
 REQUIRED = ("version", "target", "workload", "config", "costs_s", "error")
-
-# LLVM CPU names by the vector instruction set their code needs.
-_AVX512 = ("skylake-avx512", "cascadelake", "cooperlake", "icelake-server", "icelake-client",
-           "tigerlake", "sapphirerapids", "emeraldrapids", "graniterapids", "znver4", "znver5")
-_AVX2 = ("haswell", "broadwell", "skylake", "core-avx2", "znver1", "znver2", "znver3",
-         "alderlake", "raptorlake")
 
 
 def workload_key(workload: dict[str, Any]) -> str:
@@ -45,17 +42,23 @@ def workload_key(workload: dict[str, Any]) -> str:
 
 
 def isa_family(target: dict[str, Any]) -> str:
-    """What code built for `target` needs from the machine: records of targets of one
-    family are interchangeable starting points."""
-    kind = target.get("kind", "llvm")
-    if kind == "cuda":
-        return f"cuda-{target.get('arch', 'sm_90')}"
-    mcpu = str(target.get("mcpu", "generic"))
-    if mcpu in _AVX512:
-        return "x86-avx512"
-    if mcpu in _AVX2:
-        return "x86-avx2"
-    return f"{kind}-{mcpu}"
+    """What code built for `target` (a record's target JSON) needs from the machine,
+    TargetInfo.isa_level: records of targets of one level are interchangeable starting
+    points. Decided by the instruction-set features of the target's CPU (LLVM's), so
+    any CPU LLVM knows is classified; one it does not know matches only itself."""
+    return _isa_family(*(target.get(k) for k in ("kind", "mcpu", "arch", "mtriple")))
+
+
+@functools.cache
+def _isa_family(kind: str | None, mcpu: str | None, arch: str | None,
+                mtriple: str | None) -> str:
+    from tecc.target import target_from_json, target_info
+
+    target = {"kind": kind, "mcpu": mcpu, "arch": arch, "mtriple": mtriple}
+    try:
+        return target_info(target_from_json(target)).isa_level
+    except ValueError:
+        return f"{kind or 'llvm'}-{mcpu or 'generic'}"
 
 
 def exact_target_key(target: dict[str, Any]) -> str:
@@ -64,16 +67,10 @@ def exact_target_key(target: dict[str, Any]) -> str:
 
 
 def host_info() -> dict[str, Any]:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return {"cpu": cpu, "cores": os.cpu_count()}
+    """Where a record was measured (provenance only: matching goes by the target)."""
+    from tecc.runtime import cpu
+
+    return {"cpu": cpu.host_cpu_model(), "cores": cpu.host_cores()}
 
 
 class Timed:

@@ -51,10 +51,13 @@ def interleaved_ms(fns: dict[str, Callable[[], object]], rounds: int = 7,
 
 
 def host_line() -> str:
-    from tecc.autotune.records import host_info
+    from tecc.runtime.cpu import host_cpu_model
 
-    info = host_info()
-    return f"{info['cpu']}, {info['cores']} cores, Python {platform.python_version()}"
+    from tecc.target import target_info
+
+    host = target_info("llvm")
+    return (f"{host_cpu_model()} ({host.cpu}, {host.isa_level}), {host.cores} "
+            f"cores, Python {platform.python_version()}")
 
 
 def write_table(name: str, title: str, header: list[str], rows: list[list[str]],

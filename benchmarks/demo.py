@@ -25,7 +25,8 @@ def main() -> None:
     start = time.perf_counter()
     records = Path(__file__).resolve().parents[1] / "tuning_logs"
     compiled = tecc.compile(model, (x,), target="llvm", records=records)
-    print(f"compiled ResNet-18 for {compiled.target.attrs.get('mcpu', compiled.target.kind)} "
+    info = compiled.target_info
+    print(f"compiled ResNet-18 for {info.cpu} ({info.isa_level}) "
           f"in {time.perf_counter() - start:.1f} s: {compiled}")
     sources = [t["source"] for t in compiled.tasks()]
     print(f"tuning records: {len(sources) - sources.count('fallback')} of {len(sources)} "

@@ -25,13 +25,12 @@ from tecc.autotune.measure import MeasureInput, measure_batch  # noqa: E402
 from tecc.autotune.runner import LocalRunner  # noqa: E402
 from tecc.autotune.tuner import RandomTuner  # noqa: E402
 from tecc.frontend.ir import Call, Constant, Function, TensorType, Var  # noqa: E402
-from tecc.graph_opt.fuse_ops import fuse_ops  # noqa: E402
-from tecc.graph_opt.layout import make_convert_layout  # noqa: E402
-from tecc.graph_opt.pipeline import optimize  # noqa: E402
+from tecc.graph_opt.pass_manager import PassContext, TuningCallbacks, run_passes  # noqa: E402
+from tecc.graph_opt.pipeline import compile_pipeline  # noqa: E402
 from tecc.schedules.tasks import extract_tasks  # noqa: E402
 
 from benchmarks.common import host_line, median_ms, write_table  # noqa: E402
-from tecc.target import resolve_target, target_info  # noqa: E402
+from tecc.target import resolve_target  # noqa: E402
 
 # The distinct convolutions of ResNet-18 at 224x224, batch 1: (C, H, O, kernel, stride)
 RESNET18_CONVS = [(3, 224, 64, 7, 2), (64, 56, 64, 3, 1), (64, 56, 128, 3, 2),
@@ -86,11 +85,9 @@ def anchor_task(func: Function, target, winograd: bool = False) -> object:
     (NCHWc layout for convs, weights pre-packed for dense), then its anchor's task.
     3x3 convs stay direct unless `winograd` (the direct conv is the TE workload other
     tuners are compared on)."""
-    lanes = target_info(target).vector_lanes()
-    overrides = {} if winograd else {
-        "convert_layout_nchwc": make_convert_layout(winograd_fn=lambda conv, lanes: 0)}
-    fused = fuse_ops(optimize(func.with_attrs(cpu_vector_lanes=lanes), opt_level=3,
-                              overrides=overrides))
+    tuning = TuningCallbacks() if winograd else TuningCallbacks(winograd_tile=lambda c, lanes: 0)
+    with PassContext(target=target, opt_level=3, tuning=tuning):
+        fused = run_passes(func, compile_pipeline())
     tasks = [t for t in extract_tasks(fused, target)
              if t.template in ("dense", "matmul", "batch_matmul", "conv2d_NCHWc",
                                "depthwise_conv2d_NCHWc", "conv2d_winograd_NCHWc")]

@@ -5,25 +5,19 @@ Wp[N/nb, K, nb] = W[no * nb + ni, k] (numpy, once): the kernel's inner loop then
 nb contiguous weights per k (one to four SIMD vectors) and a tile's panel of the
 weight is one contiguous block. Before, the kernel packed W itself on every call.
 
-The block nb is a knob of the dense template ("tile_n"). graph_opt imports neither tvm
-nor the schedules: the driver passes `nb_fn(dense call, lanes) -> nb | None` (the
-tuned config's, else the template's fallback); without it the heuristic here, which
-the template's fallback shares. Lanes come from the Function attribute
-`cpu_vector_lanes` as for the layout pass (0 turns the pass off).
+The block nb is a knob of the dense template ("tile_n"): the current PassContext's
+`tuning.dense_block(dense call, lanes) -> nb | None` chooses it (the driver's answers
+the tuned config's, else the template's fallback; untuned, the heuristic here, which
+the template's fallback shares). Lanes are the CPU target's, as for the layout pass
+(no CPU target: the pass leaves the IR as it is).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 from tecc.frontend.ir import Call, Constant, Expr, Function, rewrite
-from tecc.graph_opt.layout import DEFAULT_LANES, LANES_ATTR
-from tecc.graph_opt.pass_manager import register_pass
+from tecc.graph_opt.pass_manager import PassContext, register_pass
 from tecc.graph_opt.patterns import is_op
-
-# (dense call, lanes) -> nb (a divisor of N), or None to leave the dense unpacked
-NbFn = Callable[[Call, int], "int | None"]
 
 
 def dense_block_candidates(n: int, lanes: int) -> list[int]:
@@ -56,11 +50,14 @@ def unpack_dense_weight(wp: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(wp.transpose(0, 2, 1).reshape(nc * nb, k))
 
 
-def pack_dense(func: Function, lanes: int | None = None, nb_fn: NbFn | None = None) -> Function:
-    if lanes is None:
-        lanes = int(func.attrs.get(LANES_ATTR, DEFAULT_LANES))
+@register_pass("pack_dense_weights", opt_level=3)
+def pack_dense_weights(func: Function) -> Function:
+    """`func` with the weights of its dense layers packed (see the module docstring)."""
+    ctx = PassContext.current()
+    lanes = ctx.cpu_lanes()
     if lanes <= 0:
         return func
+    dense_block = ctx.tuning.dense_block
     packed: dict[int, Constant] = {}
 
     def visit(node: Expr, kids: tuple[Expr, ...]) -> Expr | None:
@@ -73,7 +70,7 @@ def pack_dense(func: Function, lanes: int | None = None, nb_fn: NbFn | None = No
         if not np.issubdtype(w.data.dtype, np.floating):
             return None
         n = w.data.shape[0]
-        nb = nb_fn(node, lanes) if nb_fn is not None else default_dense_block(n, lanes)
+        nb = dense_block(node, lanes)
         if nb is None or nb <= 0 or n % nb:
             return None
         key = (id(w), nb)
@@ -82,13 +79,3 @@ def pack_dense(func: Function, lanes: int | None = None, nb_fn: NbFn | None = No
         return Call("nn.dense_pack", (x, packed[key]), span=node.span)
 
     return rewrite(func, visit)
-
-
-def make_pack_dense(lanes: int | None = None,
-                    nb_fn: NbFn | None = None) -> Callable[[Function], Function]:
-    return lambda func: pack_dense(func, lanes, nb_fn)
-
-
-@register_pass("pack_dense_weights", opt_level=3)
-def pack_dense_weights(func: Function) -> Function:
-    return pack_dense(func)

@@ -1,6 +1,8 @@
 """Turn each group of ops that becomes one kernel into a primitive Function.
 
-`primitive_per_op` makes one kernel per op (opt_level 0). Calls become
+The `fuse_ops` pass (opt_level >= 1, the last of the pipeline) groups ops by TVM's
+FuseOps rule; `primitive_per_op` makes one kernel per op (what the driver does at
+opt_level 0). Calls become
 `Call(Function(params, body, Primitive=1), args)`; size-1 constants stay inside the
 kernel as immediates, every other input becomes a kernel parameter.
 """
@@ -219,8 +221,10 @@ def fuse_groups(func: Function, max_depth: int = 64) -> dict[int, int]:
     return result
 
 
+@register_pass("fuse_ops", opt_level=1)
 def fuse_ops(func: Function, max_depth: int = 64) -> Function:
-    """Fuse op calls into primitive Functions (one kernel each) by FuseOps' rule."""
+    """Fuse op calls into primitive Functions (one kernel each) by FuseOps' rule; at
+    most `max_depth` ops in a group."""
     group_of = fuse_groups(func, max_depth)
     nodes = post_order(func.body)
     members: dict[int, list[Expr]] = {}
@@ -272,7 +276,3 @@ def fuse_ops(func: Function, max_depth: int = 64) -> Function:
     body = new.get(id(func.body), func.body)
     return Function(func.params, body, func.attrs)
 
-
-@register_pass("fuse_ops", opt_level=1)
-def fuse_ops_pass(func: Function) -> Function:
-    return fuse_ops(func)

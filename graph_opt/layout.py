@@ -22,19 +22,15 @@ function output, flatten/reshape, dense, any op not listed), once per tensor.
 
 The block size: per conv, the output block is the largest of (2, 1, 1/2) x the
 vector lanes dividing the output channels (per group); a conv whose channels allow
-none stays an NCHW conv2d. The lanes come from the Function attribute
-`cpu_vector_lanes` (set by the driver from the target; 8 when absent, 0 disables the
-pass). graph_opt imports neither tvm nor the schedules, so the target reaches this
-pass only through that attribute. `make_convert_layout(block_fn=..., conv_blocks_fn=...)` gives a pass
-with another per-layer choice: the driver passes a conv_blocks_fn that returns the
-(ic_bn, oc_bn) of the layer's tuned config (the blocks are knobs of the conv
-templates, AutoTVM-style), and the data is transformed to the wanted input block
-where its producer's block differs.
+none stays an NCHW conv2d. The lanes are the CPU target's, from the current
+PassContext (no CPU target: the pass leaves the IR as it is). The context's tuning
+callbacks choose per layer: `winograd_tile` (Winograd or the direct conv for a 3x3
+layer) and `conv_blocks`, the (ic_bn, oc_bn) of the layer's tuned config (the blocks
+are knobs of the conv templates, AutoTVM-style); the data is then transformed to the
+wanted input block where its producer's block differs.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import numpy as np
 from tecc.frontend.ir import (
@@ -52,19 +48,7 @@ from tecc.frontend.ir import (
 from tecc.frontend.op_defs.nn import WINOGRAD_MATRICES, layout_transform_numpy
 from tecc.frontend.op_defs.nn import to_nchwc as to_nchwc  # packing helpers' callers use it
 from tecc.frontend.ops import Pattern, get_op, normalize_axis, reduce_axes
-from tecc.graph_opt.pass_manager import register_pass
-
-LANES_ATTR = "cpu_vector_lanes"
-DEFAULT_LANES = 8
-
-# (conv call, output channels to block, lanes) -> block, or None to keep NCHW
-BlockFn = Callable[[Call, int, int], "int | None"]
-# (conv call, block of its input as produced or None, Winograd tile or 0) -> (ic_bn,
-# oc_bn) the conv's schedule config wants (a tuning record), or None for the default
-# choice above
-ConvBlocksFn = Callable[[Call, "int | None", int], "tuple[int, int] | None"]
-# (conv call, lanes) -> Winograd output tile for the conv, 0 for the direct algorithm
-WinogradFn = Callable[[Call, int], int]
+from tecc.graph_opt.pass_manager import ConvBlocksFn, PassContext, WinogradFn, register_pass
 
 
 def layout_name(block: int | None) -> str:
@@ -138,18 +122,14 @@ def out_block_candidates(lanes: int) -> list[int]:
     return [b for b in (2 * lanes, lanes, lanes // 2) if b >= 1]
 
 
-def default_out_block(conv: Call, channels: int, lanes: int) -> int | None:
-    """The largest of 2x, 1x, 1/2x the vector lanes dividing `channels`; two vectors
-    only with 8 lanes (AVX2). The conv's register tile is (output columns) x
-    (vectors): with AVX2's 16 registers, 6 columns x 2 vectors (12 accumulators,
-    each broadcast input used twice) beat one vector x 12-14 columns on ResNet-18's
-    3x3 convs (2 cores: 56x56 142 vs 127 GFLOP/s, 28x28 135 vs 115, 14x14 134 vs
-    114, 7x7 101 vs 93)."""
-    return default_out_block_for(channels, lanes)
-
-
 def default_out_block_for(channels: int, lanes: int) -> int | None:
-    """default_out_block without the call (the conv template's fallback)."""
+    """The output block of a conv with `channels` (per group), untuned, and the conv
+    template's fallback: the largest of 2x, 1x, 1/2x the vector lanes dividing
+    `channels`; two vectors only with 8 lanes (AVX2). The conv's register tile is
+    (output columns) x (vectors): with AVX2's 16 registers, 6 columns x 2 vectors (12
+    accumulators, each broadcast input used twice) beat one vector x 12-14 columns on
+    ResNet-18's 3x3 convs (2 cores: 56x56 142 vs 127 GFLOP/s, 28x28 135 vs 115, 14x14
+    134 vs 114, 7x7 101 vs 93)."""
     for b in out_block_candidates(lanes):
         if channels % b or (b == 2 * lanes and lanes >= 16):
             continue
@@ -174,13 +154,11 @@ def in_block(channels: int, lanes: int) -> int:
 
 
 class _Converter:
-    def __init__(self, lanes: int, block_fn: BlockFn,
-                 conv_blocks_fn: ConvBlocksFn | None = None,
-                 winograd_fn: WinogradFn | None = None) -> None:
+    def __init__(self, lanes: int, conv_blocks_fn: ConvBlocksFn,
+                 winograd_fn: WinogradFn) -> None:
         self.lanes = lanes
-        self.block_fn = block_fn
         self.conv_blocks_fn = conv_blocks_fn
-        self.winograd_fn = winograd_fn or default_winograd_tile
+        self.winograd_fn = winograd_fn
         self.new: dict[int, tuple[Expr, int | None]] = {}  # old id -> (expr, block)
         self.transformed: dict[tuple[int, int | None], Expr] = {}
 
@@ -273,15 +251,14 @@ class _Converter:
         attrs = dict(node.attrs)
         depthwise = groups > 1 and groups == c == o
         tile = 0 if depthwise else self.winograd_fn(node, self.lanes)
-        wanted = (self.conv_blocks_fn(node, xb, tile) if self.conv_blocks_fn is not None
-                  else None)
+        wanted = self.conv_blocks_fn(node, xb, tile)
         if depthwise:
             if wanted is not None and c % wanted[1] == 0:
                 block = wanted[1]
             elif xb is not None and xb in out_block_candidates(self.lanes):
                 block = xb
             else:
-                block = self.block_fn(node, c, self.lanes)
+                block = default_out_block_for(c, self.lanes)
             if block is None:
                 return None
             data = self.as_layout(x, xb, block)
@@ -291,7 +268,7 @@ class _Converter:
         if wanted is not None and ipg % wanted[0] == 0 and opg % wanted[1] == 0:
             ic, oc = wanted
         else:
-            oc = self.block_fn(node, opg if groups > 1 else o, self.lanes)
+            oc = default_out_block_for(opg if groups > 1 else o, self.lanes)
             if oc is None:
                 return None
             ic = xb if xb is not None and ipg % xb == 0 else in_block(ipg, self.lanes)
@@ -383,36 +360,17 @@ def _reshaped(expr: Expr, shape: tuple[int, ...]) -> Expr:
     return Call("reshape", [expr], {"newshape": tuple(shape)})
 
 
-def convert_layout(func: Function, lanes: int | None = None,
-                   block_fn: BlockFn | None = None,
-                   conv_blocks_fn: ConvBlocksFn | None = None,
-                   winograd_fn: WinogradFn | None = None) -> Function:
-    """`func` with its convolutions in NCHW{c}c (see the module docstring). `lanes`
-    defaults to the Function's `cpu_vector_lanes` attribute; 0 returns `func`."""
-    if lanes is None:
-        lanes = int(func.attrs.get(LANES_ATTR, DEFAULT_LANES))
+@register_pass("convert_layout_nchwc", opt_level=3)
+def convert_layout_nchwc(func: Function) -> Function:
+    """`func` with its convolutions in NCHW{c}c (see the module docstring)."""
+    ctx = PassContext.current()
+    lanes = ctx.cpu_lanes()
     if lanes <= 0:
         return func
-    conv = _Converter(lanes, block_fn or default_out_block, conv_blocks_fn, winograd_fn)
+    conv = _Converter(lanes, ctx.tuning.conv_blocks, ctx.tuning.winograd_tile)
     for node in post_order(func.body):
         conv.new[id(node)] = conv.visit(node)
     body = conv.nchw(func.body)
     if body is func.body:
         return func
     return Function(func.params, body, func.attrs)
-
-
-def make_convert_layout(lanes: int | None = None, block_fn: BlockFn | None = None,
-                        conv_blocks_fn: ConvBlocksFn | None = None,
-                        winograd_fn: WinogradFn | None = None
-                        ) -> Callable[[Function], Function]:
-    """A pass function with a fixed lane count and/or another per-layer block choice
-    (`block_fn`: the output block; `conv_blocks_fn`: both blocks a tuned config
-    wants, the input brought to its block by a layout_transform where needed;
-    `winograd_fn`: which 3x3 convs use Winograd's algorithm)."""
-    return lambda func: convert_layout(func, lanes, block_fn, conv_blocks_fn, winograd_fn)
-
-
-@register_pass("convert_layout_nchwc", opt_level=3)
-def convert_layout_nchwc(func: Function) -> Function:
-    return convert_layout(func)

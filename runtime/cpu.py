@@ -140,6 +140,7 @@ def host_cache_bytes(level: int) -> int | None:
 
 def missing_on_host(features: Iterable[str], host_flags: Iterable[str]) -> list[str]:
     """The LLVM `features` (instruction-set ones) that a host with /proc/cpuinfo
-    `host_flags` lacks."""
-    have = set(host_flags)
-    return sorted(f for f in isa_features(features) if LLVM_TO_CPUINFO[f] not in have)
+    `host_flags` lacks, in the table's order (a base extension before its additions:
+    avx512f before avx512bw)."""
+    wanted, have = isa_features(features), set(host_flags)
+    return [f for f in LLVM_TO_CPUINFO if f in wanted and LLVM_TO_CPUINFO[f] not in have]

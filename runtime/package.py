@@ -2,7 +2,9 @@
 
 Loading checks the manifest (file digests, target against this host) before any
 machine code is loaded, so a changed or foreign package is refused with a clear
-message instead of crashing inside a kernel.
+message instead of crashing inside a kernel. A CPU package's manifest lists the LLVM
+instruction-set features its code was compiled for (target "features"); the host
+must have every one (tecc.runtime.cpu maps them onto /proc/cpuinfo's flags).
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ import hashlib
 import io
 import json
 import os
-import platform
 import shutil
 import tarfile
 import tempfile
@@ -24,6 +25,7 @@ from typing import Any
 import numpy as np
 import tvm
 
+from . import cpu
 from .executor import Executor, PlanError, TensorSpec
 
 FORMAT_VERSION = 1
@@ -102,11 +104,18 @@ def write_package(
     """Write a deployment package: a directory, or a .tar when ``path`` ends with .tar.
 
     lib_path_or_module: a path to an exported .so, or an object with ``export_library``.
-    manifest_extra: needs "target" (dict); "tecc" (version) and "records_digest" are
-    recorded too, and any other keys are kept in the manifest.
+    manifest_extra: needs "target" (dict; for a CPU target with "features", the LLVM
+    instruction-set features the library was compiled for, tecc.target.TargetInfo's);
+    "tecc" (version) and "records_digest" are recorded too, and any other keys are
+    kept in the manifest.
     """
     if "target" not in manifest_extra:
         raise ValueError("manifest_extra needs 'target', the target the library was built for")
+    target = _target_json(manifest_extra["target"])
+    if target.get("kind") == "llvm" and not isinstance(target.get("features"), list):
+        raise ValueError("manifest_extra['target'] of a CPU package needs 'features': the LLVM "
+                         "instruction-set features the library was compiled for "
+                         "(tecc.target.TargetInfo.features), which loading checks")
     _check_params(plan, params)
     path = Path(path)
     as_tar = path.suffix == ".tar"
@@ -132,7 +141,7 @@ def write_package(
             format_version=FORMAT_VERSION,
             tecc=manifest_extra.get("tecc"),
             tvm=tvm.__version__,
-            target=_target_json(manifest_extra["target"]),
+            target=target,
             inputs=_plan_specs(plan, "inputs"),
             outputs=_plan_specs(plan, "outputs"),
             files={name: _sha256(out / name) for name in PAYLOAD},
@@ -149,77 +158,33 @@ def write_package(
 
 # ---------------------------------------------------------------------------- checking
 
-# What an LLVM mcpu needs from the host, as /proc/cpuinfo flag names. Code built for
-# one of these may use every listed feature; running it without them is SIGILL.
-_AVX512 = frozenset({"avx512f", "avx2", "fma"})
-_AVX2 = frozenset({"avx2", "fma"})
-_MCPU_FEATURES: dict[str, frozenset[str]] = {
-    **dict.fromkeys(
-        ["skylake-avx512", "cascadelake", "cooperlake", "cannonlake", "icelake-client",
-         "icelake-server", "tigerlake", "rocketlake", "sapphirerapids", "emeraldrapids",
-         "graniterapids", "graniterapids-d", "znver4", "znver5", "x86-64-v4"],
-        _AVX512,
-    ),
-    **dict.fromkeys(
-        ["core-avx2", "haswell", "broadwell", "skylake", "alderlake", "raptorlake",
-         "meteorlake", "arrowlake", "lunarlake", "znver1", "znver2", "znver3", "bdver4",
-         "x86-64-v3"],
-        _AVX2,
-    ),
-    **dict.fromkeys(["sandybridge", "corei7-avx", "ivybridge", "core-avx-i"], frozenset({"avx"})),
-    **dict.fromkeys(["nehalem", "corei7", "westmere", "x86-64-v2"], frozenset({"sse4_2"})),
-    **dict.fromkeys(["x86-64", "generic", ""], frozenset()),
-}
-_X86_MACHINES = {"x86_64", "amd64", "i686", "i386"}
-
-
-def _host_cpu_features() -> set[str] | None:
-    """The host's CPU feature flags from /proc/cpuinfo; None where it cannot be read."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return None
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):
-            return set(value.split())
-    return None
-
-
-def _host_machine() -> str:
-    return platform.machine().lower()
-
-
-def _arch(name: str) -> str:
-    name = name.lower()
-    return {"amd64": "x86_64", "arm64": "aarch64"}.get(name, name)
-
-
 def _check_target(target: Mapping[str, Any]) -> None:
     kind = target.get("kind")
-    built_for = json.dumps(dict(target), sort_keys=True)
+    built_for = json.dumps({k: v for k, v in target.items() if k != "features"}, sort_keys=True)
     if kind == "llvm":
-        machine = _host_machine()
+        machine = cpu.host_machine()
         triple = str(target.get("mtriple", "") or "")
-        if triple and _arch(triple.split("-")[0]) != _arch(machine):
+        if triple and cpu.normalize_machine(triple.split("-")[0]) != machine:
             raise PackageError(
                 f"this package was built for {built_for} (triple {triple}); this host is "
                 f"{machine}. Recompile the model for this host."
             )
-        mcpu = str(target.get("mcpu", "") or "")
-        if mcpu not in _MCPU_FEATURES:
+        features = target.get("features")
+        if not isinstance(features, list) or not all(isinstance(f, str) for f in features):
             raise PackageError(
-                f"this package was built for {built_for}; mcpu {mcpu!r} is not one this "
-                f"runtime knows how to check against the host CPU. Recompile the model for "
-                f"this host (e.g. target llvm), or load with check_target=False at your own risk."
+                f"this package was built for {built_for}, but its manifest does not list "
+                f"the instruction-set features its code needs (written by an older tecc?). "
+                f"Recompile and re-export the model, or load with check_target=False at your "
+                f"own risk."
             )
-        needed = _MCPU_FEATURES[mcpu]
-        if needed and machine not in _X86_MACHINES:
+        unknown = sorted(set(features) - set(cpu.LLVM_TO_CPUINFO))
+        if unknown:
             raise PackageError(
-                f"this package was built for {built_for} (x86); this host is {machine}. "
-                f"Recompile the model for this host."
+                f"this package was built for {built_for} and needs CPU features this "
+                f"runtime cannot check: {', '.join(unknown)}. Load it with a tecc runtime "
+                f"that knows them, or with check_target=False at your own risk."
             )
-        have = _host_cpu_features()
+        have = cpu.host_cpuinfo_flags()
         if have is None:
             warnings.warn(
                 f"cannot read this host's CPU features; running a package built for "
@@ -228,7 +193,7 @@ def _check_target(target: Mapping[str, Any]) -> None:
                 stacklevel=3,
             )
             return
-        missing = sorted(needed - have)
+        missing = cpu.missing_on_host(features, have)
         if missing:
             raise PackageError(
                 f"this package was built for {built_for}, but this host's CPU lacks "

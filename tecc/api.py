@@ -16,13 +16,11 @@ from tecc.build import BuildResult, build
 from tecc.frontend.importer import ImportedModel, from_torch, load_pt2
 from tecc.frontend.ir import Call, Function, post_order
 from tecc.frontend.printer import astext
-from tecc.graph_opt.dense_pack import make_pack_dense
 from tecc.graph_opt.fuse_ops import primitive_per_op
-from tecc.graph_opt.layout import make_convert_layout
-from tecc.graph_opt.pass_manager import PassTrace, get_pass, run_passes
-from tecc.graph_opt.pipeline import optimize
+from tecc.graph_opt.pass_manager import PassContext, PassTrace, run_passes
+from tecc.graph_opt.pipeline import compile_pipeline
 from tecc.summary import CompileSummary, summarize
-from tecc.target import resolve_target, target_info, target_to_json
+from tecc.target import TargetInfo, target_info
 from tecc.tuning import RecordsArg, TuningContext, task_table, warn_untuned
 
 
@@ -31,11 +29,12 @@ class CompiledModel:
     or numpy arrays (numpy arrays come back), in the order of the model's inputs."""
 
     def __init__(self, imported: ImportedModel, optimized: Function, result: BuildResult,
-                 target: tvm.target.Target, timings: dict[str, float]) -> None:
+                 target: TargetInfo, timings: dict[str, float]) -> None:
         self.imported = imported
         self.ir = optimized
         self.build_result = result
-        self.target = target
+        self.target_info = target
+        self.target: tvm.target.Target = target.tvm_target
         self.timings = timings
         self.plan = result.plan
         self.records_digest: str | None = None
@@ -65,7 +64,7 @@ class CompiledModel:
             self.build_result.executable,
             self.plan,
             self.build_result.params,
-            {"tecc": __version__, "target": target_to_json(self.target),
+            {"tecc": __version__, "target": _manifest_target(self.target_info),
              "records_digest": self.records_digest},
         )
 
@@ -95,6 +94,15 @@ class CompiledModel:
                 f"{len(self.build_result.kernels)} kernels, target={self.target})")
 
 
+def _manifest_target(info: TargetInfo) -> dict[str, Any]:
+    """The target in a package's manifest: for a CPU, with the LLVM instruction-set
+    features the code was compiled for, which loading checks against the host."""
+    out = info.to_json()
+    if info.is_cpu:
+        out["features"] = sorted(info.features)
+    return out
+
+
 def _to_numpy(x: Any) -> np.ndarray:
     if isinstance(x, torch.Tensor):
         return x.detach().cpu().numpy()
@@ -115,30 +123,24 @@ def import_model(model: torch.nn.Module | str | os.PathLike,
 
 def _graph(model: Any, example_inputs: Sequence[Any] | None, target: str, opt_level: int,
            print_after: Sequence[str] | None, records: RecordsArg,
-           timings: dict[str, float], winograd: bool = True) -> tuple:
-    """Import and optimize: the fused graph that compile builds and tune tunes."""
+           timings: dict[str, float], winograd: bool = True
+           ) -> tuple[ImportedModel, Function, TuningContext, PassTrace, TargetInfo]:
+    """Import, optimize and partition into kernels: the graph that compile builds and
+    tune tunes, by one pipeline in one PassContext."""
     start = time.perf_counter()
     imported = import_model(model, example_inputs)
     timings["import_s"] = time.perf_counter() - start
-    tvm_target = resolve_target(target)
+    info = target_info(target)
     start = time.perf_counter()
     trace = PassTrace()
-    # The CPU layout pass blocks channels by the vector width (0 turns it off).
-    lanes = target_info(tvm_target).vector_lanes() if tvm_target.kind.name == "llvm" else 0
-    func = imported.func.with_attrs(cpu_vector_lanes=lanes)
-    tuning = TuningContext(records, tvm_target, lanes, winograd)
-    overrides = {
-        "convert_layout_nchwc": make_convert_layout(conv_blocks_fn=tuning.conv_blocks,
-                                                    winograd_fn=tuning.winograd_tile),
-        "pack_dense_weights": make_pack_dense(nb_fn=tuning.dense_block),
-    }
-    optimized = optimize(func, opt_level, print_after, trace, overrides)
-    if opt_level >= 1:
-        partitioned = run_passes(optimized, [get_pass("fuse_ops")], opt_level, print_after, trace)
-    else:
-        partitioned = primitive_per_op(optimized)
+    tuning = TuningContext(records, info, winograd)
+    with PassContext(target=info, opt_level=opt_level, print_after=print_after or (),
+                     trace=trace, tuning=tuning.callbacks()):
+        partitioned = run_passes(imported.func, compile_pipeline())
+    if opt_level < 1:  # fuse_ops did not run: one kernel per op
+        partitioned = primitive_per_op(partitioned)
     timings["graph_s"] = time.perf_counter() - start
-    return imported, partitioned, tuning, trace, tvm_target
+    return imported, partitioned, tuning, trace, info
 
 
 def tune(
@@ -175,10 +177,10 @@ def tune(
     from tecc.schedules.tasks import extract_tasks
 
     timings: dict[str, float] = {}
-    _, partitioned, _, _, tvm_target = _graph(model, example_inputs, target, 3, None, None,
-                                              timings, winograd)
-    tasks = extract_tasks(partitioned, tvm_target)
-    weights = task_weights(partitioned, tvm_target, tasks)
+    _, partitioned, _, _, info = _graph(model, example_inputs, target, 3, None, None,
+                                        timings, winograd)
+    tasks = extract_tasks(partitioned, info.tvm_target)
+    weights = task_weights(partitioned, info.tvm_target, tasks)
     if progress:
         print(f"{len(tasks)} tuning tasks, {trials} trials, tuner {tuner}, records {records}")
         for t, w in zip(tasks, weights, strict=True):
@@ -229,13 +231,13 @@ def compile(  # noqa: A001 - the natural name, as torch.compile
     direct: Winograd's transformed 3x3 kernels are 1.8-4x the size of the originals
     (ResNet-18's package: 97 MB instead of 47 MB with the direct convs)."""
     timings: dict[str, float] = {}
-    imported, partitioned, tuning, trace, tvm_target = _graph(
+    imported, partitioned, tuning, trace, info = _graph(
         model, example_inputs, target, opt_level, print_after, records, timings, winograd)
-    result = build(partitioned, tvm_target, [s.name for s in imported.inputs],
+    result = build(partitioned, info, [s.name for s in imported.inputs],
                    [s.name for s in imported.outputs], imported.output_structure,
                    imported.param_names, config_fn=tuning.config)
     timings["build_s"] = result.build_seconds
-    compiled = CompiledModel(imported, partitioned, result, tvm_target, timings)
+    compiled = CompiledModel(imported, partitioned, result, info, timings)
     compiled.passes = [name for name, _ in trace.ran]
     compiled.records_digest = tuning.digest
     if tuning.given:

@@ -30,6 +30,7 @@ from tecc.frontend.ops import Pattern, get_op
 from tecc.graph_opt.fuse_ops import is_primitive_call
 from tecc.graph_opt.memory_plan import MemoryPlan, Step, plan_memory
 from tecc.schedules.lower import lower_primitive
+from tecc.target import TargetInfo, resolve_target
 
 
 @dataclass
@@ -100,7 +101,7 @@ def _inplace_params(prim: Function) -> list[int]:
 
 def build(
     func: Function,
-    target: tvm.target.Target,
+    target: TargetInfo | tvm.target.Target | str,
     input_names: list[str],
     output_names: list[str],
     output_structure: dict,
@@ -110,8 +111,10 @@ def build(
 ) -> BuildResult:
     """`config_fn(workload) -> config JSON | (config JSON, source) | None`, or a list of
     (config JSON, source) of which the first that fits the kernel's layout is used,
-    picks each anchor's schedule config (None: the template's fallback)."""
+    picks each anchor's schedule config (None: the template's fallback). `target`: the
+    target's facts, a TVM Target or a short string (tecc.target.resolve_target)."""
     start = time.perf_counter()
+    target = resolve_target(target)
     param_names = param_names or {}
     tensors: list[dict] = []
     tensor_of: dict[int, int | list[int]] = {}

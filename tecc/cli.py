@@ -62,7 +62,7 @@ def cmd_records(args: argparse.Namespace) -> int:
     """Inspect, merge, or keep the best record per workload and target."""
     import json
 
-    from tecc.autotune.records import best_records, exact_target_key, load_records
+    from tecc.autotune.records import best_records, exact_target_key, isa_family, load_records
 
     records, skipped = load_records(args.files)
     if args.action == "show":
@@ -74,9 +74,10 @@ def cmd_records(args: argparse.Namespace) -> int:
         for (key, target), rs in sorted(by_workload.items()):
             ok = [r for r in rs if r.ok]
             best = min((r.cost for r in ok), default=float("inf"))
-            wl = json.loads(key)
+            wl, tgt = json.loads(key), json.loads(target)
             print(f"  {wl.get('template', '?'):24s} {len(rs):5d} measured, {len(rs) - len(ok):4d} "
-                  f"failed, best {best * 1e3:9.4f} ms  {json.loads(target).get('mcpu') or ''}")
+                  f"failed, best {best * 1e3:9.4f} ms  {tgt.get('mcpu') or tgt.get('arch') or ''} "
+                  f"({isa_family(tgt)})")
         return 0
     if not args.output:
         raise SystemExit("tecc records: --output is needed to merge or pick the best")

@@ -45,6 +45,7 @@ def summarize(compiled: Any) -> CompileSummary:
     result = compiled.build_result
     kernels = [KernelSummary(k.name, k.anchor, k.ops, k.input_shapes, k.output_shapes, k.calls)
                for k in result.kernels.values()]
+    info = compiled.target_info
     return CompileSummary(kernels, len(compiled.plan["kernels"]), result.memory.summary(),
                           list(getattr(compiled, "passes", [])),
-                          str(compiled.target.attrs.get("mcpu", compiled.target.kind.name)))
+                          info.cpu if info.is_cpu else f"{info.kind} {info.arch}")

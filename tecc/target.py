@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -170,7 +171,7 @@ def target_info(target: str | tvm.target.Target | TargetInfo) -> TargetInfo:
     return _INFO[key]
 
 
-def resolve_target(spec: str | tvm.target.Target = "llvm") -> tvm.target.Target:
+def resolve_target(spec: str | tvm.target.Target | TargetInfo = "llvm") -> tvm.target.Target:
     """A TVM Target from a short string ("llvm", "llvm:<cpu>", "cuda", "cuda:sm_XX");
     a Target passes through unchanged. "llvm" is this host, its CPU named by LLVM; an
     unknown CPU name is an error, not a silent generic build."""
@@ -204,6 +205,24 @@ def resolve_target(spec: str | tvm.target.Target = "llvm") -> tvm.target.Target:
             "thread_warp_size": 32,
             "max_shared_memory_per_block": facts["smem_block"]})
     raise ValueError(f"unknown target {spec!r}: use llvm, llvm:<cpu>, cuda or cuda:sm_XX")
+
+
+def target_from_json(data: Mapping[str, Any]) -> tvm.target.Target:
+    """The Target that `target_to_json` wrote `data` for (a tuning record's or a
+    manifest's target). A CPU LLVM does not know is an error, as in resolve_target."""
+    kind = str(data.get("kind") or "llvm")
+    config: dict[str, Any] = {"kind": kind}
+    for key in ("mcpu", "num-cores", "arch", "mtriple"):
+        if data.get(key) is not None:
+            config[key] = data[key]
+    if kind == "llvm" and config.get("mcpu"):
+        from tvm.target import codegen
+
+        triple = str(config.get("mtriple") or codegen.llvm_get_system_triple())
+        if not codegen.llvm_is_valid_cpu(str(config["mcpu"]), triple):
+            raise ValueError(f"unknown CPU {config['mcpu']!r} in target {dict(data)}: LLVM "
+                             f"knows no such cpu")
+    return tvm.target.Target(config)
 
 
 def target_to_json(target: tvm.target.Target) -> dict[str, Any]:

@@ -1,8 +1,9 @@
 """Tuning records at compile time: which config each workload gets, and the report.
 
-The driver (tecc/api.py) makes one TuningContext per compile. It answers three
-callbacks with the record database (autotune.records: exact target > compatible
-target > the template's fallback):
+The driver (tecc/api.py) makes one TuningContext per compile. It answers the graph
+passes' tuning callbacks (graph_opt.pass_manager.TuningCallbacks, given to them in
+the PassContext by `callbacks()`) and the scheduler's with the record database
+(autotune.records: exact target > compatible target > the template's fallback):
   - winograd_tile(conv call, lanes) and conv_blocks(conv call, producer block, tile)
     for graph_opt's layout pass: Winograd or direct, and the channel blocks (ic_bn,
     oc_bn) of the layer's tuned config, or None (default choice);
@@ -25,9 +26,10 @@ import tvm
 from tecc.autotune.records import Choice, RecordDatabase, _record_files, workload_key
 from tecc.frontend.ir import Call
 from tecc.graph_opt.layout import WINOGRAD_DEFAULT_TILE, default_winograd_tile, winograd_eligible
+from tecc.graph_opt.pass_manager import TuningCallbacks
 from tecc.schedules.templates_conv import CONV2D, DEPTHWISE, WINOGRAD, conv_blocks, conv_workload
 from tecc.schedules.templates_dense import DENSE, dense_pack_block
-from tecc.target import target_info, target_to_json
+from tecc.target import TargetInfo, target_info
 
 RecordsArg = str | os.PathLike | Sequence[str | os.PathLike] | None
 
@@ -38,15 +40,18 @@ NCHW_TO_BLOCKS_BYTES_PER_S = 16e9
 
 
 class TuningContext:
-    def __init__(self, records: RecordsArg, target: tvm.target.Target, lanes: int,
+    """The tuning records of one compile for `target` (facts, or anything
+    tecc.target.target_info takes); `winograd=False` keeps every conv direct."""
+
+    def __init__(self, records: RecordsArg, target: TargetInfo | tvm.target.Target | str,
                  winograd: bool = True) -> None:
         self.given = bool(records)
         self.winograd = winograd
         self.db = RecordDatabase.load(records) if records else RecordDatabase()
-        self.target = target
-        self.target_json = target_to_json(target)
-        self.lanes = lanes
-        self.cores = target_info(target).cores
+        self.target: TargetInfo = target_info(target)
+        self.target_json = self.target.to_json()
+        self.lanes = self.target.vector_lanes() if self.target.is_cpu else 0
+        self.cores = self.target.cores
         self.digest = records_digest(records) if records else None
         self._chosen: dict[str, list[Choice]] = {}
 
@@ -54,6 +59,11 @@ class TuningContext:
         return self.db.choose(workload, self.target_json)
 
     # -- graph_opt callbacks
+    def callbacks(self) -> TuningCallbacks:
+        """The graph passes' callbacks, answered from these records."""
+        return TuningCallbacks(winograd_tile=self.winograd_tile, conv_blocks=self.conv_blocks,
+                               dense_block=self.dense_block)
+
     def winograd_tile(self, call: Call, lanes: int) -> int:
         """Winograd or the direct conv for a 3x3 layer: the faster by its tuning records
         when both have some, Winograd when only it has, else the default rule."""

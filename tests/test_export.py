@@ -75,6 +75,23 @@ def test_manifest_describes_the_package(exported, tmp_path):
     assert plan["kernels"], "the plan lists kernel calls"
 
 
+def test_manifest_lists_the_isa_features_and_a_host_lacking_one_is_refused(exported,
+                                                                          monkeypatch):
+    from tecc.runtime import PackageError, cpu
+
+    from tecc.target import target_info
+
+    _, path = exported
+    features = tecc.load(path).manifest["target"]["features"]
+    host = target_info("llvm")
+    assert features == sorted(host.features) and "avx2" in features
+    # the same package on a host like this one but without AVX2
+    flags = {cpu.LLVM_TO_CPUINFO[f] for f in features} - {"avx2"}
+    monkeypatch.setattr(cpu, "host_cpuinfo_flags", lambda: frozenset(flags))
+    with pytest.raises(PackageError, match=f"{host.cpu}.*lacks avx2\\. Recompile"):
+        tecc.load(path)
+
+
 def test_wrong_input_names_expected_and_given(exported):
     _, path = exported
     loaded = tecc.load(path)

@@ -24,7 +24,7 @@ from tecc.frontend.ir import (
 from tecc.frontend.ops import Pattern, get_op
 from tecc.graph_opt.evaluate import EVALUATORS, evaluate_call
 from tecc.graph_opt.fuse_ops import primitive_per_op
-from tecc.graph_opt.pass_manager import PassTrace, check_types
+from tecc.graph_opt.pass_manager import PassContext, PassTrace, check_types, run_passes
 from tecc.graph_opt.passes import (
     eliminate_common_subexpr,
     eliminate_dead_code,
@@ -32,7 +32,7 @@ from tecc.graph_opt.passes import (
     fold_constants,
     simplify,
 )
-from tecc.graph_opt.pipeline import optimization_pipeline, optimize
+from tecc.graph_opt.pipeline import compile_pipeline, optimization_pipeline, optimize
 from tecc.runtime import Executor
 
 from tecc.build import build
@@ -473,14 +473,47 @@ def test_pipeline_order_and_levels(capsys):
     x = var("x", (2, 3))
     f = Function([x], call("reshape", call("copy", call("add", x, call("negative", const(
         rand((3,), 50))))), newshape=(2, 3)))
-    level0 = optimize(f, opt_level=0)
+    with PassContext(opt_level=0):
+        level0 = optimize(f)
     assert structural_equal(level0, f)
     trace = PassTrace()
-    out = optimize(f, opt_level=3, print_after=["fold_constants"], trace=trace)
+    with PassContext(opt_level=3, print_after=["fold_constants"], trace=trace):
+        out = optimize(f)
     assert [n for n, _ in trace.ran] == names
     assert op_counts(out) == {"add": 1}
     assert "// IR after fold_constants" in capsys.readouterr().err
     assert_same_outputs(f, out)
+
+
+def test_pass_context_gives_the_target_and_nests(monkeypatch, capsys):
+    assert PassContext.current().target is None  # the default: no target
+    with PassContext(target="llvm:core-avx2", opt_level=2) as outer:
+        assert PassContext.current() is outer and outer.cpu_lanes() == 8
+        assert outer.target.isa_level == "x86-avx2"
+        with PassContext(target="cuda") as inner:
+            assert PassContext.current() is inner and inner.cpu_lanes() == 0
+        assert PassContext.current() is outer
+    assert PassContext.current().target is None
+    # the pipeline the driver runs ends by partitioning into kernels
+    assert [p.name for p in compile_pipeline()] == [
+        *[p.name for p in optimization_pipeline()], "fuse_ops"]
+    monkeypatch.setenv("TECC_PRINT_AFTER", "simplify, fuse_ops")
+    x = var("x", (2, 3))
+    f = Function([x], call("relu", call("negative", x)))
+    trace = PassTrace()
+    with PassContext(opt_level=1, trace=trace):
+        fused = run_passes(f, compile_pipeline())
+    err = capsys.readouterr().err
+    assert "// IR after simplify" in err and "// IR after fuse_ops" in err
+    assert "// IR after fold_batch_norm" not in err
+    assert [n for n, _ in trace.ran] == ["simplify", "fold_batch_norm", "simplify",
+                                         "eliminate_dead_code", "fuse_ops"]
+    (inputs,) = random_inputs(f, 1)
+    res = build(fused, resolve_target("llvm"), ["x"], ["out0"], {"kind": "tensor", "index": 0},
+                {})
+    assert len(res.plan["kernels"]) == 1  # negative + relu: one kernel
+    np.testing.assert_allclose(Executor(res.executable, res.plan, res.params).run_flat(inputs)[0],
+                               np.maximum(-inputs, 0))
 
 
 # ---------------------------------------------------------------- real models
@@ -493,7 +526,8 @@ def _opaque_calls(func: Function) -> int:
 def _check_model(model: torch.nn.Module, inputs: tuple, rtol: float = 1e-4):
     imported = from_torch(model, inputs)
     before = imported.func
-    after = optimize(before, opt_level=3)
+    with PassContext(target="llvm:core-avx2", opt_level=3):  # AVX2: 8 lanes
+        after = optimize(before)
     arrays = [t.numpy() for t in inputs]
     want, got = run_ir(before, arrays), run_ir(after, arrays)
     assert max_rel_error(got, want) < rtol

@@ -11,16 +11,15 @@ from tecc.frontend.ir import Call, Constant, Expr, Function, TensorType, Var, po
 from tecc.frontend.ops import get_op
 from tecc.graph_opt.fuse_ops import fuse_ops
 from tecc.graph_opt.layout import (
-    LANES_ATTR,
     WINOGRAD_MATRICES,
-    convert_layout,
+    convert_layout_nchwc,
     default_winograd_tile,
     layout_transform_numpy,
-    make_convert_layout,
     pack_conv_weight,
     pack_depthwise_weight,
     to_nchwc,
 )
+from tecc.graph_opt.pass_manager import PassContext, TuningCallbacks
 from tecc.graph_opt.pipeline import optimize
 from tecc.schedules.lower import lower_primitive
 
@@ -46,6 +45,12 @@ def conv(x: Expr, cout: int, seed: int, k: int = 3, stride: int = 1, groups: int
                 {"strides": (stride, stride), "padding": (p, p, p, p), "groups": groups})
 
 
+def convert(func: Function, target=TARGET, **callbacks) -> Function:
+    """The layout pass for `target` (AVX2: 8 lanes), with the tuning `callbacks` given."""
+    with PassContext(target=target, tuning=TuningCallbacks(**callbacks)):
+        return convert_layout_nchwc(func)
+
+
 def ops(func: Function) -> list[str]:
     return [n.op for n in post_order(func.body) if isinstance(n, Call) and isinstance(n.op, str)]
 
@@ -69,7 +74,7 @@ def residual_net(cin: int = 16) -> Function:
     r = Call("add", [b, a])
     flat = Call("reshape", [r], {"newshape": (1, 32 * 8 * 8)})
     out = Call("nn.dense", [flat, const((10, 32 * 8 * 8), 5, 0.05)])
-    return Function([x], out, {LANES_ATTR: 8})
+    return Function([x], out)
 
 
 # ---------------------------------------------------------------- the pass on small IR
@@ -77,7 +82,7 @@ def residual_net(cin: int = 16) -> Function:
 
 def test_residual_net_has_only_the_needed_transforms():
     func = residual_net()
-    new = convert_layout(func, winograd_fn=lambda conv, lanes: 0)  # direct convs
+    new = convert(func, winograd_tile=lambda conv, lanes: 0)  # direct convs
     transforms = calls(new, "layout_transform")
     # one into the blocked layout at the input, one back before the flatten
     assert [(t.attrs["src_layout"], t.attrs["dst_layout"]) for t in transforms] == [
@@ -102,15 +107,15 @@ def test_residual_net_has_only_the_needed_transforms():
 def test_residual_net_matches_the_unconverted_graph():
     func = residual_net()
     x = rand((1, 16, 8, 8), 9)
-    np.testing.assert_allclose(run(convert_layout(func), [x]), run(func, [x]),
+    np.testing.assert_allclose(run(convert(func), [x]), run(func, [x]),
                                rtol=1e-4, atol=1e-4)
 
 
 def test_consecutive_convs_keep_the_layout_and_odd_channels_stay_nchw():
     x = Var("x", TensorType((1, 3, 16, 16), "float32"))
     y = conv(conv(conv(x, 16, 1, stride=2), 24, 2), 3, 3)  # 3 -> 16 -> 24 -> 3
-    func = Function([x], Call("sigmoid", [y]), {LANES_ATTR: 8})
-    new = convert_layout(func)
+    func = Function([x], Call("sigmoid", [y]))
+    new = convert(func)
     assert ops(new).count("nn.conv2d_NCHWc") == 2
     (last,) = calls(new, "nn.conv2d")  # 3 output channels: no vector block
     assert last.args[0].op == "layout_transform"
@@ -127,10 +132,9 @@ def test_consecutive_convs_keep_the_layout_and_odd_channels_stay_nchw():
 def test_rgb_input_read_in_place_with_a_one_channel_block():
     # a config with ic_bn 1 reads the NCHW input as NCHW1c: a reshape, no kernel
     x = Var("x", TensorType((1, 3, 32, 32), "float32"))
-    func = Function([x], Call("relu", [conv(conv(x, 16, 1, stride=2), 16, 2)]),
-                    {LANES_ATTR: 8})
-    new = make_convert_layout(conv_blocks_fn=lambda c, xb, tile: (1, 16)
-                              if c.args[0].shape[1] == 3 else None)(func)
+    func = Function([x], Call("relu", [conv(conv(x, 16, 1, stride=2), 16, 2)]))
+    new = convert(func, conv_blocks=lambda c, xb, tile: (1, 16)
+                  if c.args[0].shape[1] == 3 else None)
     assert not calls(new, "layout_transform")[:-1]  # only the output's, back to NCHW
     first = calls(new, "nn.conv2d_NCHWc")[0]
     assert first.attrs["data_layout"] == "NCHW1c"
@@ -146,11 +150,10 @@ def test_rgb_input_read_in_place_with_a_one_channel_block():
 def test_differing_blocks_get_one_transform():
     x = Var("x", TensorType((1, 16, 8, 8), "float32"))
     a, b = conv(x, 32, 1), conv(x, 32, 2, k=1)
-    func = Function([x], Call("relu", [Call("add", [a, b])]), {LANES_ATTR: 8})
-    # the tuning hook: another block per layer (here by kernel size)
-    blocks = make_convert_layout(block_fn=lambda c, ch, lanes: 8 if c.args[1].shape[2] == 1
-                                 else 16)
-    new = blocks(func)
+    func = Function([x], Call("relu", [Call("add", [a, b])]))
+    # the tuning hook: another output block per layer (here by kernel size)
+    new = convert(func, conv_blocks=lambda c, xb, tile: (16, 8 if c.args[1].shape[2] == 1
+                                                         else 16))
     transforms = [(t.attrs["src_layout"], t.attrs["dst_layout"])
                   for t in calls(new, "layout_transform")]
     assert sorted(transforms) == [("NCHW", "NCHW16c"), ("NCHW16c", "NCHW"),
@@ -170,8 +173,8 @@ def test_pools_reductions_and_channel_broadcasts_stay_blocked():
     y = Call("nn.avg_pool2d", [y], {"pool_size": (2, 2), "strides": (2, 2)})
     y = Call("add", [y, const((1,), 3)])  # scalar
     m = Call("mean", [y], {"axis": (-1, -2), "keepdims": False})
-    func = Function([x, s], m, {LANES_ATTR: 8})
-    new = convert_layout(func)
+    func = Function([x, s], m)
+    new = convert(func)
     assert [(t.attrs["src_layout"], t.attrs["dst_layout"])
             for t in calls(new, "layout_transform")] == [("NCHW", "NCHW8c")]
     assert {p.attrs["layout"] for p in calls(new, "nn.max_pool2d") + calls(new, "nn.avg_pool2d")
@@ -186,8 +189,8 @@ def test_depthwise_and_grouped_convs():
     y = Call("relu", [conv(x, 32, 1, groups=32)])  # depthwise
     y = conv(y, 64, 2, k=1, groups=2)  # grouped 1x1
     y = Call("nn.adaptive_avg_pool2d", [y], {"output_size": (1, 1)})
-    func = Function([x], y, {LANES_ATTR: 8})
-    new = convert_layout(func)
+    func = Function([x], y)
+    new = convert(func)
     dw, grouped = calls(new, "nn.conv2d_NCHWc")
     assert dw.args[1].shape == (2, 1, 3, 3, 1, 16)  # topi's depthwise NCHWc kernel layout
     np.testing.assert_array_equal(dw.args[1].data, pack_depthwise_weight(
@@ -204,9 +207,12 @@ def test_the_pass_is_registered_and_can_be_disabled():
     p = get_pass("convert_layout_nchwc")
     assert p.opt_level == 3
     func = residual_net()
-    off = Function(func.params, func.body, {LANES_ATTR: 0})
-    assert p(off) is off
-    assert "nn.conv2d_NCHWc" in ops(p(func))
+    with PassContext():  # no target
+        assert p(func) is func
+    with PassContext(target="cuda"):  # not a CPU
+        assert p(func) is func
+    with PassContext(target=TARGET):
+        assert "nn.conv2d_NCHWc" in ops(p(func))
 
 
 def test_layout_transform_op_and_numpy_agree():
@@ -292,8 +298,8 @@ def _compile_with_layout(model, inputs):
 
     imported = import_model(model, inputs)
     func = imported.func
-    func = Function(func.params, func.body, func.attrs.with_(**{LANES_ATTR: 8}))
-    func = convert_layout(optimize(func))
+    with PassContext(target=TARGET):
+        func = convert_layout_nchwc(optimize(func))
     result = build(fuse_ops(func), TARGET, [s.name for s in imported.inputs],
                    [s.name for s in imported.outputs], imported.output_structure,
                    imported.param_names)
@@ -401,8 +407,7 @@ def test_blocked_conv_and_depthwise_kernels_compute_the_convolution():
 def test_avx512_blocked_kernels_build():
     """16 lanes: the pass picks 16-channel blocks; the kernels build for skylake-avx512
     (built only: this host may lack AVX-512)."""
-    func = Function(residual_net().params, residual_net().body, {LANES_ATTR: 16})
-    new = convert_layout(func)
+    new = convert(residual_net(), target=AVX512)
     assert {c.attrs["out_layout"] for c in calls(new, "nn.conv2d_NCHWc")} == {"NCHW16c"}
     for kind in ("conv", "depthwise"):
         f = _conv_nchwc_func(ic=16, oc=16, depthwise=kind == "depthwise")
@@ -425,7 +430,7 @@ def test_input_conv_reads_in_place_unless_much_slower(tmp_path, in_place_extra_s
 
     x = Var("x", TensorType((1, 3, 224, 224), "float32"))
     stem = conv(x, 16, 3, stride=2)
-    func = Function([x], Call("relu", [stem]), {LANES_ATTR: 8})
+    func = Function([x], Call("relu", [stem]))
     wl = conv_workload(CONV2D.name, stem)
     base = {"oc_bn": 16, "tile_ow": 4, "tile_oh": 2, "unroll_kw": True,
             "reduce_order": "kh_kw_icc"}
@@ -434,8 +439,8 @@ def test_input_conv_reads_in_place_unless_much_slower(tmp_path, in_place_extra_s
         for ic_bn, cost in ((3, 200e-6), (1, 200e-6 + in_place_extra_s)):
             writer.write(Record(target_to_json(TARGET), wl, dict(base, ic_bn=ic_bn),
                                 [cost, cost], None))
-    tuning = TuningContext(path, TARGET, 8)
+    tuning = TuningContext(path, TARGET)
     assert tuning.conv_blocks(stem, None) == ((1, 16) if in_place_wins else (3, 16))
-    new = make_convert_layout(conv_blocks_fn=tuning.conv_blocks)(func)
+    new = convert(func, conv_blocks=tuning.conv_blocks)
     transforms = [t.attrs["dst_layout"] for t in calls(new, "layout_transform")]
     assert transforms == (["NCHW"] if in_place_wins else ["NCHW3c", "NCHW"])

@@ -78,6 +78,36 @@ def test_isa_families():
     assert isa_family({"kind": "cuda", "arch": "sm_90"}) == "cuda-sm_90"
 
 
+def test_isa_family_comes_from_the_cpus_features_not_its_name():
+    # CPUs no name table listed: LLVM's features of each decide
+    assert isa_family({"kind": "llvm", "mcpu": "x86-64-v3"}) == "x86-avx2"
+    assert isa_family({"kind": "llvm", "mcpu": "x86-64-v4"}) == "x86-avx512"
+    assert isa_family({"kind": "llvm", "mcpu": "znver4", "num-cores": 64}) == "x86-avx512"
+    assert isa_family({"kind": "llvm", "mcpu": "emeraldrapids"}) == isa_family(AVX512)
+    assert isa_family({"kind": "llvm", "mcpu": "x86-64"}) == "x86-sse"
+    # a CPU this LLVM does not know matches only itself
+    assert isa_family({"kind": "llvm", "mcpu": "notacpu"}) == "llvm-notacpu"
+
+
+def test_records_of_an_earlier_host_name_are_compatible():
+    # records measured when the host was named sapphirerapids serve it as emeraldrapids
+    db = RecordDatabase([rec({"kind": "llvm", "mcpu": "sapphirerapids", "num-cores": 2},
+                             1e-3, 8)])
+    choice = db.choose(DENSE, {"kind": "llvm", "mcpu": "emeraldrapids", "num-cores": 2})
+    assert choice.source == "compatible" and choice.config == {"tile": 8}
+    assert db.choose(DENSE, AVX2).source == "fallback"  # AVX2: another ISA level
+
+
+def test_host_info_names_the_cpu_and_its_usable_cores():
+    import os
+
+    from tecc.autotune.records import host_info
+
+    info = host_info()
+    assert isinstance(info["cpu"], str) and info["cpu"]
+    assert info["cores"] == len(os.sched_getaffinity(0))
+
+
 def test_choose_where_prefers_a_matching_layout():
     conv = {"template": "conv2d_NCHWc", "data": [1, 64, 56, 56]}
     records = [Record(AVX2, conv, {"ic_bn": 16, "oc_bn": 8}, [1e-3], None),

@@ -17,15 +17,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tvm
-from tecc.runtime import Executor, PackageError, load_package, unflatten_outputs, write_package
+from tecc.runtime import Executor, PackageError, cpu, load_package, unflatten_outputs, write_package
 from tecc.runtime import package as package_mod
 from tecc.runtime.executor import PlanError
 from tvm import te
 
 from tecc import runtime
+from tecc.target import target_from_json, target_info
 
 REPO = Path(__file__).resolve().parents[1]
-TARGET = {"kind": "llvm", "mcpu": "core-avx2", "num-cores": 2}
+def _features(mcpu: str, **target) -> list[str]:
+    """LLVM's instruction-set features of `mcpu`, as the compiler lists them in a manifest."""
+    return sorted(target_info(target_from_json({"kind": "llvm", "mcpu": mcpu, **target})).features)
+
+
+TARGET = {"kind": "llvm", "mcpu": "core-avx2", "num-cores": 2, "features": _features("core-avx2")}
 M, K, N = 4, 8, 16
 RTOL = 1e-5
 
@@ -50,7 +56,7 @@ def _build_library() -> tvm.runtime.Executable:
         "k2_mask": te.create_prim_func([z_in, mask]),
     }
     mod = tvm.IRModule({n: f.with_attr("global_symbol", n) for n, f in funcs.items()})
-    return tvm.compile(mod, target=tvm.target.Target(TARGET))
+    return tvm.compile(mod, target=target_from_json(TARGET))
 
 
 def _plan() -> dict:
@@ -328,16 +334,23 @@ def test_missing_file_is_refused(built, tmp_path):
 
 
 def _fake_host(monkeypatch, flags: set[str]) -> None:
-    monkeypatch.setattr(package_mod, "_host_cpu_features", lambda: set(flags))
-    monkeypatch.setattr(package_mod, "_host_machine", lambda: "x86_64")
+    monkeypatch.setattr(cpu, "host_cpuinfo_flags", lambda: frozenset(flags))
+    monkeypatch.setattr(cpu, "host_machine", lambda: "x86_64")
 
 
-AVX2_HOST = {"sse4_2", "avx", "avx2", "fma"}
+def _host_flags(mcpu: str) -> set[str]:
+    """/proc/cpuinfo flags of a host that has exactly `mcpu`'s features."""
+    return {cpu.LLVM_TO_CPUINFO[f] for f in _features(mcpu)}
+
+
+AVX512_FLAGS = {"avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl"}
+AVX2_HOST = _host_flags("skylake-avx512") - AVX512_FLAGS  # a Skylake without AVX-512
 
 
 def test_foreign_target_is_refused(built, tmp_path, monkeypatch):
     path = tmp_path / "pkg"
-    target = {"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2}
+    target = {"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2,
+              "features": _features("skylake-avx512")}
     write_package(path, built[1], _plan(), _params(), _extra(**target))
     _fake_host(monkeypatch, AVX2_HOST)
 
@@ -351,7 +364,7 @@ def test_foreign_target_is_refused(built, tmp_path, monkeypatch):
 
     # The accept path: the same package on a host with AVX-512 loads and runs. (The
     # library itself is core-avx2, so it runs here whatever this machine has.)
-    _fake_host(monkeypatch, AVX2_HOST | {"avx512f"})
+    _fake_host(monkeypatch, AVX2_HOST | AVX512_FLAGS)
     x, flag = _inputs(10)
     _check(load_package(path)(x, flag), _expected(x, flag, _params()))
 
@@ -359,22 +372,53 @@ def test_foreign_target_is_refused(built, tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     ("mcpu", "flags", "ok"),
     [
-        ("core-avx2", AVX2_HOST, True),
-        ("core-avx2", {"sse4_2", "avx"}, False),
-        ("znver3", {"sse4_2", "avx", "avx2"}, False),  # no fma
-        ("x86-64", set(), True),
-        ("generic", set(), True),
-        ("cortex-a72", AVX2_HOST, False),  # unknown to the checker: refused, not guessed
+        ("core-avx2", _host_flags("core-avx2"), True),
+        ("core-avx2", _host_flags("core-avx2") - {"avx2", "fma"}, False),
+        ("znver3", _host_flags("znver3") - {"fma"}, False),
+        ("x86-64", {"sse", "sse2"}, True),
+        ("generic", {"sse", "sse2"}, True),
+        ("cortex-a72", AVX2_HOST, False),  # an aarch64 CPU on an x86 host
     ],
 )
 def test_target_check(monkeypatch, mcpu, flags, ok):
     _fake_host(monkeypatch, flags)
-    target = {"kind": "llvm", "mcpu": mcpu}
+    triple = {"mtriple": "aarch64-linux-gnu"} if mcpu.startswith("cortex") else {}
+    target = {"kind": "llvm", "mcpu": mcpu, **triple, "features": _features(mcpu, **triple)}
     if ok:
         package_mod._check_target(target)
     else:
         with pytest.raises(PackageError, match=rf"built for .*{mcpu}.*Recompile"):
             package_mod._check_target(target)
+
+
+def test_package_needing_a_feature_the_host_lacks_is_refused(built, tmp_path, monkeypatch):
+    # code compiled with AMX-FP16 (say for graniterapids) on a host without it
+    path = tmp_path / "pkg"
+    target = dict(TARGET, features=sorted([*TARGET["features"], "amx-fp16"]))
+    write_package(path, built[1], _plan(), _params(), _extra(**target))
+    _fake_host(monkeypatch, _host_flags("core-avx2"))
+
+    def no_machine_code(*args, **kwargs):
+        raise AssertionError("load_module called for a package the host cannot run")
+
+    monkeypatch.setattr(tvm.runtime, "load_module", no_machine_code)
+    with pytest.raises(PackageError, match=r"core-avx2.*lacks amx-fp16\. Recompile"):
+        load_package(path)
+
+
+def test_manifest_features_the_runtime_cannot_check_are_refused(monkeypatch):
+    _fake_host(monkeypatch, _host_flags("core-avx2"))
+    with pytest.raises(PackageError, match="cannot check: fake-feature"):
+        package_mod._check_target(dict(TARGET, features=["avx2", "fake-feature"]))
+    # a manifest without features (an older tecc's) is not guessed at either
+    with pytest.raises(PackageError, match="does not list the instruction-set features"):
+        package_mod._check_target({"kind": "llvm", "mcpu": "core-avx2"})
+
+
+def test_write_package_needs_the_features_of_a_cpu_target(built, tmp_path):
+    with pytest.raises(ValueError, match="needs 'features'"):
+        write_package(tmp_path / "pkg", built[1], _plan(), _params(),
+                      _extra(kind="llvm", mcpu="core-avx2"))
 
 
 def test_write_package_checks_params(built, tmp_path):

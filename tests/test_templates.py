@@ -20,7 +20,8 @@ import pytest
 import torch
 import tvm
 from tecc.frontend.ir import Call, Function, TensorType, Var
-from tecc.graph_opt.layout import make_convert_layout
+from tecc.graph_opt.layout import convert_layout_nchwc
+from tecc.graph_opt.pass_manager import PassContext, TuningCallbacks
 from tecc.schedules.lower import lower_primitive
 from tecc.schedules.tasks import Task, extract_tasks, task_from_workload
 from tecc.schedules.template import (
@@ -332,7 +333,9 @@ def test_layout_pass_honours_conv_blocks():
     c2 = Call("nn.conv2d", [c1, w2], {"padding": (1, 1, 1, 1)})
     func = Function([x], c2)
     wanted = {id(c1): (8, 16), id(c2): (4, 8)}
-    out = make_convert_layout(8, conv_blocks_fn=lambda call, xb, tile: wanted.get(id(call)))(func)
+    with PassContext(target=TARGET, tuning=TuningCallbacks(
+            conv_blocks=lambda call, xb, tile: wanted.get(id(call)))):
+        out = convert_layout_nchwc(func)
     convs = [n for n in _calls(out) if n.op == "nn.conv2d_NCHWc"]
     assert [(c.attrs["data_layout"], c.attrs["out_layout"]) for c in convs] == [
         ("NCHW8c", "NCHW16c"), ("NCHW4c", "NCHW8c")]

@@ -173,9 +173,11 @@ def tune(
     `cache_flush`: time every call with the kernel's weights flushed from the CPU caches
     (for models whose weights do not fit in cache; keep such records in their own file).
     Returns the per-task tuning states (their histories and best GFLOP/s)."""
-    from tecc.autotune.tune import plot_curves, tune_tasks
+    from tecc.autotune.tune import plot_curves, require_plotting, tune_tasks
     from tecc.schedules.tasks import extract_tasks
 
+    if plot:  # before tuning: a missing matplotlib found after hours of it is no help
+        require_plotting()
     timings: dict[str, float] = {}
     _, partitioned, _, _, info = _graph(model, example_inputs, target, 3, None, None,
                                         timings, winograd)

@@ -114,8 +114,10 @@ def default_schedule(sch: Schedule, target: tvm.target.Target,
     Anchors whose kind has a registered template (schedules/template.py) get it, with
     the config `choose` gives (None: the template's fallback); `workloads` maps an
     anchor block's name to its workload dict; `applied` collects what was done."""
-    if target.kind.name != "llvm":
-        return sch  # GPU schedules are a later milestone; the naive nest is correct
+    if target.kind.name == "cuda":
+        from tecc.schedules.gpu_default import gpu_schedule
+
+        return gpu_schedule(sch, target, choose, workloads, applied)
     templates = load_templates()
     lanes = vector_lanes(target)
     cores = num_cores(target)

@@ -133,17 +133,17 @@ def lower_primitive(func: Function, name: str, target: tvm.target.Target,
     placeholders, outputs = build_te(func, target, anchors)
     prim = te.create_prim_func(placeholders + outputs)
     sch = Schedule(tvm.IRModule({"main": prim}))
-    workloads = anchor_workloads(sch, anchors)
+    workloads = anchor_workloads(sch, anchors, target.kind.name)
     applied: list[AppliedTemplate] = []
     sch = default_schedule(sch, target, make_chooser(config), workloads, applied)
     prim = sch.mod["main"].with_attr("global_symbol", name)
     return (prim, applied) if return_info else prim
 
 
-def anchor_workloads(sch: Schedule, anchors: dict[str, tuple[Call, str]]
-                     ) -> dict[str, dict[str, Any]]:
+def anchor_workloads(sch: Schedule, anchors: dict[str, tuple[Call, str]],
+                     target_kind: str = "llvm") -> dict[str, dict[str, Any]]:
     """Block name -> workload dict for every anchor block with a template."""
-    templates = load_templates()
+    templates = load_templates(target_kind)
     by_kind: dict[str, list[Call]] = {}
     for call, kind in anchors.values():
         by_kind.setdefault(kind, []).append(call)

@@ -94,6 +94,7 @@ def _jsonable(value: Any) -> Any:
 class Template:
     name: str = ""
     aliases: tuple[str, ...] = ()
+    target_kind: str = "llvm"  # the TVM target kind it schedules for ("llvm", "cuda")
 
     def workload(self, call: Any, kind: str) -> dict[str, Any]:
         """The workload dict of the anchor IR Call `call` (an op Call whose compute
@@ -122,38 +123,50 @@ class Template:
         return True
 
 
+# (target kind, anchor kind) -> template; TEMPLATES: the llvm ones by anchor kind.
+REGISTRY: dict[tuple[str, str], Template] = {}
 TEMPLATES: dict[str, Template] = {}
 
 
 def register_template(template: Template) -> Template:
-    """Register `template` under its name and each alias (anchor kinds)."""
+    """Register `template` under its name and each alias (anchor kinds), for its
+    target kind."""
     if not template.name:
         raise ValueError("a template needs a name")
     for kind in (template.name, *template.aliases):
-        if kind in TEMPLATES and TEMPLATES[kind] is not template:
-            raise ValueError(f"template {kind!r} registered twice")
-        TEMPLATES[kind] = template
+        key = (template.target_kind, kind)
+        if key in REGISTRY and REGISTRY[key] is not template:
+            raise ValueError(f"template {kind!r} for {template.target_kind} registered twice")
+        REGISTRY[key] = template
+        if template.target_kind == "llvm":
+            TEMPLATES[kind] = template
     return template
 
 
-def get_template(name: str) -> Template | None:
-    load_templates()
-    return TEMPLATES.get(name)
+def get_template(name: str, target_kind: str = "llvm") -> Template | None:
+    load_templates(target_kind)
+    return REGISTRY.get((target_kind, name))
 
 
-_loaded = False
+# Modules whose import registers the templates of other target kinds.
+TARGET_TEMPLATE_MODULES = {"cuda": ("tecc.schedules.gpu_templates",)}
+_loaded: set[str] = set()
 
 
-def load_templates() -> dict[str, Template]:
-    """Import the template modules (once) and return the registry."""
-    global _loaded
-    if not _loaded:
-        _loaded = True
-        for module in TEMPLATE_MODULES:
+def load_templates(target_kind: str = "llvm") -> dict[str, Template]:
+    """Import the template modules of `target_kind` (once) and return its templates
+    by anchor kind."""
+    if target_kind not in _loaded:
+        _loaded.add(target_kind)
+        modules = TEMPLATE_MODULES if target_kind == "llvm" else \
+            TARGET_TEMPLATE_MODULES.get(target_kind, ())
+        for module in modules:
             try:
                 importlib.import_module(module)
             except ModuleNotFoundError as err:
                 if err.name != module:
                     raise
                 log.debug("template module %s not present", module)
-    return TEMPLATES
+    if target_kind == "llvm":
+        return TEMPLATES
+    return {kind: t for (tk, kind), t in REGISTRY.items() if tk == target_kind}

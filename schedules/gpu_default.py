@@ -40,46 +40,137 @@ class UnboundKernelError(RuntimeError):
 def gpu_schedule(sch: Schedule, target: tvm.target.Target, choose=None,
                  workloads: dict | None = None, applied: list | None = None) -> Schedule:
     """Schedule every block of `sch` for a CUDA `target` (see the module docstring)."""
-    from tecc.schedules.default import (
-        _anchor_kind,
-        _apply_template,
-        _inline_injective,
-        _root_blocks,
-    )
+    from tecc.schedules.default import _anchor_kind, _root_blocks
 
     templates = load_templates(CUDA)
-    info = target_info(target)
-    lanes = max(1, info.vector_lanes("float32"))
     anchors = [(sch.get(b).name_hint, _anchor_kind(sch, b)) for b in _root_blocks(sch)]
     anchors = [(name, kind) for name, kind in anchors if kind is not None]
-    scheduled = False
+    result = None
     for name, kind in anchors:
         template = templates.get(kind)
-        if template is None:
-            continue
-        trial = sch.copy()
-        _inline_injective(trial)
-        done: list = []
-        result = _apply_template(trial, name, kind, template, target, lanes,
-                                 info.multiprocessors, choose, (workloads or {}).get(name), done)
-        if done and done[-1].source != "generic":
-            sch, scheduled = result, True
-            if applied is not None:
-                applied.extend(done)
-            break  # one anchor per group schedules it; the rest is bound below
+        if template is not None:
+            result = apply_gpu_template(sch, name, kind, template, target, choose,
+                                        (workloads or {}).get(name), applied)
+            if result is not None:
+                break  # one anchor's template schedules the whole group
+    if result is None:
+        kinds = {kind for _, kind in anchors}
+        if kinds & DIRECT_KINDS:
+            # convs dlight cannot see as a GEMM (depthwise, grouped) and pools: one
+            # output element per thread. dlight's reduction rules mis-index some of
+            # these groups (a grouped 1x1 conv at 7x7 came out wrong).
+            result = _dlight(sch, target, matmul_only=True) if "conv2d" in kinds else None
+            if result is None:
+                result = direct_schedule(sch)
+        else:
+            result = _dlight(sch, target) or sch
+    bind_unbound(result, target_info(target).max_threads_per_block or 1024)
+    return result
+
+
+def apply_gpu_template(sch: Schedule, name: str, kind: str, template, target,
+                       choose, workload: dict | None, applied: list | None
+                       ) -> Schedule | None:
+    """The schedule `template` makes of the group (the chosen config, else its
+    fallback), or None when it refuses; `applied` notes what was used."""
+    from tecc.schedules.default import AppliedTemplate
+
+    info = target_info(target)
+
+    def context(s: Schedule) -> ScheduleContext:
+        return ScheduleContext(s, s.get_sblock(name), target, info.vector_lanes("float32"),
+                               info.multiprocessors, kind, workload)
+
+    def note(size: int, config, source: str, error: str | None) -> None:
         if applied is not None:
-            applied.extend(done)
-    if not scheduled:
-        sch = _dlight(sch, target)
-    bind_unbound(sch, info.max_threads_per_block or 1024)
-    return sch
+            applied.append(AppliedTemplate(name, kind, template.name, workload, size,
+                                           None if config is None else config.to_json(),
+                                           source, error))
+
+    try:
+        ctx = context(sch.copy())
+        space = template.define_space(ctx)
+        attempts = [(template.fallback(space, ctx), "fallback")]
+    except Exception as err:  # noqa: BLE001 - the template does not fit: generic rules
+        log.info("GPU template %s cannot schedule %s: %s", template.name, name, err)
+        note(0, None, "generic", f"{type(err).__name__}: {err}")
+        return None
+    if choose is not None:
+        try:
+            config, source = choose(ctx, template, space)
+            if config is not None:
+                attempts.insert(0, (config, source))
+        except Exception as err:  # noqa: BLE001 - a record that does not fit this space
+            log.warning("config for %s (%s) unusable, fallback: %s", name, template.name, err)
+    error = None
+    for config, source in attempts:
+        try:
+            result = template.apply(context(sch.copy()), config)
+        except Exception as err:  # noqa: BLE001 - a refusal: next attempt
+            error = f"{type(err).__name__}: {err}"
+            log.info("GPU template %s refused %s config %s: %s", template.name, source,
+                     config.to_json(), err)
+            continue
+        note(len(space), config, source, None)
+        return result
+    note(len(space), None, "generic", error)
+    return None
 
 
-def _dlight(sch: Schedule, target: tvm.target.Target) -> Schedule:
+DIRECT_KINDS = frozenset({"conv2d", "pool"})
+
+
+def direct_schedule(sch: Schedule, threads: int = DEFAULT_THREADS) -> Schedule:
+    """One output element per thread: the group's spatial producers (padding, the
+    epilogue's operands) inlined, its reductions (the anchor) computed in registers
+    under the output's thread loop. Memory-bound anchors (depthwise convs, pools)
+    need no more; blocks it cannot place stay for the plain binding."""
+    from tecc.schedules.default import _inline_injective, _is_reduction, _output_names, _root_blocks
+
+    trial = sch.copy()
+    _inline_injective(trial)
+    outputs = _output_names(trial)
+    for block in _root_blocks(trial):
+        if not _is_reduction(trial, block) and trial.get(block).name_hint not in outputs:
+            try:
+                trial.compute_inline(block)
+            except Exception:  # noqa: BLE001 - stays a root block, bound on its own
+                pass
+    out_blocks = [b for b in _root_blocks(trial) if trial.get(b).name_hint in outputs]
+    if len(out_blocks) != 1:
+        return sch
+    out = out_blocks[0]
+    if _is_reduction(trial, out):
+        _bind_plain(trial, out, threads)
+        return trial
+    loops = trial.get_loops(out)
+    if not loops:
+        return sch
+    fused = trial.fuse(*loops) if len(loops) > 1 else loops[0]
+    total = int(trial.get(fused).extent)
+    bx, tx = trial.split(fused, [None, min(threads, total)])
+    trial.bind(bx, "blockIdx.x")
+    trial.bind(tx, "threadIdx.x")
+    for producer in trial.get_producers(out):
+        if _is_reduction(trial, producer):
+            try:
+                trial.compute_at(producer, tx, preserve_unit_loops=True)
+                trial.set_scope(producer, 0, "local")
+            except Exception as err:  # noqa: BLE001
+                log.debug("direct schedule cannot place %s: %s", trial.get(producer).name_hint,
+                          err)
+                return sch
+    return trial
+
+
+def _dlight(sch: Schedule, target: tvm.target.Target, matmul_only: bool = False
+            ) -> Schedule | None:
+    """TVM's generic GPU rules (the first that applies), or None."""
     import tvm.s_tir.dlight as dl
 
-    rules = (dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(),
-             dl.gpu.Fallback())
+    rules = (dl.gpu.Matmul(),) if matmul_only else (
+        dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(),
+        dl.gpu.Fallback())
     func = sch.mod["main"]
     with target:
         for rule in rules:
@@ -93,7 +184,7 @@ def _dlight(sch: Schedule, target: tvm.target.Target) -> Schedule:
             if isinstance(result, list):
                 result = result[0]
             return result
-    return sch
+    return None
 
 
 # ---------------------------------------------------------------- binding checks

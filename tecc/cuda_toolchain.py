@@ -12,9 +12,10 @@ RTLD_GLOBAL; the dynamic loader then satisfies libtvm_runtime_cuda.so's DT_NEEDE
 entry for that soname with the loaded stub, so LD_LIBRARY_PATH at process start is
 not needed, and the CUDA runtime is loaded in-process.
 
-Math flags: kernels are compiled by nvcc with `-O3 --use_fast_math` (TVM's default:
-flush-to-zero, approximate division and square root, the fast intrinsics for expf
-and friends); `TECC_CUDA_PRECISE_MATH=1` drops --use_fast_math.
+Math flags: kernels are compiled by nvcc with `-O3` and IEEE math: TVM's default
+`--use_fast_math` is turned off (TVM_CUDA_NVCC_NO_FAST_MATH), because its powf is
+exp2(y * log2(x)), NaN for a negative base (x ** 2 of negative x came out NaN), and it
+flushes denormals to zero. `TECC_CUDA_FAST_MATH=1` turns it back on.
 """
 
 from __future__ import annotations
@@ -143,7 +144,9 @@ def cuda_build_env() -> Iterator[str]:
     # TVM runs "nvcc" from PATH; nvrtc (TVM's default) would need the cuda-bindings package.
     os.environ["PATH"] = os.path.dirname(nvcc) + os.pathsep + os.environ.get("PATH", "")
     os.environ["TVM_CUDA_COMPILE_MODE"] = "nvcc"
-    if os.environ.get("TECC_CUDA_PRECISE_MATH") == "1":
+    if os.environ.get("TECC_CUDA_FAST_MATH") == "1":
+        os.environ.pop("TVM_CUDA_NVCC_NO_FAST_MATH", None)
+    else:
         os.environ["TVM_CUDA_NVCC_NO_FAST_MATH"] = "1"
     try:
         yield nvcc

@@ -108,9 +108,13 @@ def run_model(name: str, batch: int, competitors: list[str]) -> dict:
     fns["tecc"] = lambda: cm(*inputs)
     with torch.no_grad():
         times = cuda_ms(fns)
+    # where tecc's time goes: each kernel call synchronized (launch overhead included)
+    per_kernel = sorted(cm._executor.profile(*inputs, repeat=10), key=lambda r: -r[1])
+    top = [[k, round(sec * 1e3, 4)] for k, sec in per_kernel[:8]]
+    print(f"slowest kernels (ms): {top}", flush=True)
     return {"model": name, "batch": batch, "ms": times, "compile_s": compile_s,
             "kernel_calls": len(cm.plan["kernels"]), "max_rel_err": error,
-            "device": torch.cuda.get_device_name()}
+            "device": torch.cuda.get_device_name(), "slowest_kernels_ms": top}
 
 
 def _cpu(value):

@@ -323,25 +323,42 @@ class DeviceTensor(NamedTuple):
 
 class CudaExecutor(Executor):
     """Runs a plan on a CUDA GPU: every storage one device allocation, the params
-    uploaded once, and the whole kernel sequence captured once as a CUDA graph and
-    replayed (`cuda_graph=False`: the kernels are launched one by one).
+    uploaded once, and the whole kernel sequence captured as a CUDA graph and replayed
+    (`cuda_graph=False`: the kernels are launched one by one).
 
-    Inputs: torch CUDA tensors (or any DLPack tensor on the GPU) are read on the GPU,
-    on torch's current stream; numpy arrays and CPU tensors are copied in once. Each
-    input is copied into the plan's input buffer on the GPU (the graph reads fixed
-    addresses) and each output out of its buffer into a fresh tensor, device to
-    device; a torch caller gets torch tensors on the GPU back, a numpy caller numpy
-    arrays. torch is used only when the caller's tensors come from it (never imported
-    here)."""
+    Inputs: torch CUDA tensors (any DLPack tensor on the GPU) are read in place, on
+    torch's current stream: the kernels get their addresses, and a graph is captured
+    for each set of input addresses (up to MAX_GRAPHS; torch's caching allocator
+    hands a loop the same few addresses), beyond which the inputs are copied into the
+    plan's own input buffers and one graph over those is replayed. numpy arrays and
+    CPU tensors are copied in once. Outputs are copied, device to device, out of the
+    plan's buffers into fresh tensors (the next call overwrites the buffers): a torch
+    caller gets torch tensors on the GPU back, a numpy caller numpy arrays. torch is
+    used only when the caller's tensors come from it (never imported here)."""
+
+    MAX_GRAPHS = 4
 
     def __init__(self, module: Any, plan: Mapping[str, Any],
                  params: Mapping[str, np.ndarray] | None = None, device_index: int = 0,
                  cuda_graph: bool = True) -> None:
         self.device_index = device_index
         self.cuda_graph = cuda_graph
-        self._graph: Any = None
+        self._graphs: dict[Any, Any] = {}  # input addresses (None: own buffers) -> graph
         self._warm = False
         super().__init__(module, plan, params)
+        # The plan tensors over each input's storage (the input and its reshapes), and
+        # the kernel arguments that are such tensors: rebound to the caller's memory.
+        by_storage: dict[int, list[tuple[int, int]]] = {}
+        for t in plan["tensors"]:
+            by_storage.setdefault(t["storage"], []).append((t["id"], t.get("offset", 0)))
+        tensors = {t["id"]: t for t in plan["tensors"]}
+        self._input_tensors = [by_storage[tensors[e["tensor"]]["storage"]]
+                               for e in plan["inputs"]]
+        rebound = {tid for group in self._input_tensors for tid, _ in group}
+        self._rebound_args = [
+            (i, [j for j, a in enumerate(k["args"]) if a in rebound])
+            for i, k in enumerate(plan["kernels"]) if any(a in rebound for a in k["args"])]
+        self._arg_ids = [list(k["args"]) for k in plan["kernels"]]
 
     def _setup_device(self) -> None:
         from . import cuda
@@ -364,21 +381,41 @@ class CudaExecutor(Executor):
 
     # ------------------------------------------------------------------ running
 
-    def _launch_all(self) -> None:
-        for func, args in self._calls:
+    def _launch_all(self, calls: list | None = None) -> None:
+        for func, args in calls or self._calls:
             func(*args)
 
-    def _run_on(self, stream: int) -> None:
+    def _rebind(self, gpu_inputs: list[Any]) -> list:
+        """The kernel calls with the input storages' tensors over the caller's tensors."""
+        bound: dict[int, Any] = {}
+        for x, group in zip(gpu_inputs, self._input_tensors, strict=True):
+            base = tvm.runtime.from_dlpack(x)
+            for tid, offset in group:
+                view = self._views[tid]
+                bound[tid] = base._create_view(view.shape, str(view.dtype),
+                                               relative_byte_offset=offset)
+        calls = list(self._calls)
+        for i, positions in self._rebound_args:
+            func, args = calls[i]
+            args = list(args)
+            for j in positions:
+                args[j] = bound[self._arg_ids[i][j]]
+            calls[i] = (func, tuple(args))
+        return calls
+
+    def _run_on(self, stream: int, key: Any, calls: list) -> None:
         # The first run launches the kernels one by one: it loads the modules and sizes
         # TVM's workspaces, which must not happen while a graph is being captured.
         if self.cuda_graph and self._warm:
-            if self._graph is None:
-                self._graph = self._cuda.Graph(self.device, self._launch_all)
-            self._graph.launch(stream)
+            graph = self._graphs.get(key)
+            if graph is None:
+                graph = self._graphs[key] = self._cuda.Graph(
+                    self.device, lambda: self._launch_all(calls))
+            graph.launch(stream)
             return
         self.device.set_raw_stream(stream)
         try:
-            self._launch_all()
+            self._launch_all(calls)
         finally:
             self.device.set_raw_stream(0)
         if not self._warm:
@@ -406,14 +443,25 @@ class CudaExecutor(Executor):
             isinstance(x, torch.Tensor) and x.is_cuda for x in inputs)
         stream = (torch.cuda.current_stream(self.device_index).cuda_stream if on_gpu
                   else self._stream)
-        keep = []  # sources of the asynchronous copies, alive until they are done
-        for i, (spec, view, x) in enumerate(zip(specs, self._in_views, inputs, strict=True)):
-            source, ptr = self._source(x, spec, i, torch)
-            keep.append(source)
-            self._cuda.copy_async(view.ptr, ptr, view.nbytes, stream)
-        self._run_on(stream)
+        sources = [self._source(x, spec, i, torch)
+                   for i, (spec, x) in enumerate(zip(specs, inputs, strict=True))]
+        in_place = on_gpu and all(
+            isinstance(x, torch.Tensor) and x.is_cuda and ptr % ALIGNMENT == 0
+            for x, ptr in sources)
+        key = tuple(ptr for _, ptr in sources) if in_place else None
+        if in_place and self.cuda_graph and self._warm and key not in self._graphs \
+                and len(self._graphs) >= self.MAX_GRAPHS:
+            in_place, key = False, None  # graphs enough: copy into the own buffers
+        if in_place:
+            calls = [] if key in self._graphs else self._rebind([x for x, _ in sources])
+        else:
+            calls = self._calls
+            for view, (_, ptr) in zip(self._in_views, sources, strict=True):
+                self._cuda.copy_async(view.ptr, ptr, view.nbytes, stream)
+        self._run_on(stream, key, calls)
         outputs = []
-        for view in self._out_views:
+        for entry, view in zip(self.plan["outputs"], self._out_views, strict=True):
+            source = self._output_source(entry["tensor"], view, sources, key)
             if on_gpu:
                 out = torch.empty(view.shape, dtype=getattr(torch, view.dtype.name),
                                   device=f"cuda:{self.device_index}")
@@ -421,14 +469,24 @@ class CudaExecutor(Executor):
             else:
                 out = np.empty(view.shape, view.dtype)
                 ptr = out.ctypes.data
-            self._cuda.copy_async(ptr, view.ptr, view.nbytes, stream)
+            self._cuda.copy_async(ptr, source, view.nbytes, stream)
             outputs.append(out)
         if not on_gpu:
             self._cuda.synchronize(stream)
             if torch is not None:
                 outputs = [torch.from_numpy(o) for o in outputs]
-        del keep
+        del sources  # the copies' sources stay alive until here
         return outputs
+
+    def _output_source(self, tid: int, view: DeviceTensor, sources: list, key: Any) -> int:
+        """The address an output is read from: the caller's input when the output is
+        (a view of) an input read in place, else the plan's buffer."""
+        if key is not None:
+            for (_, ptr), group in zip(sources, self._input_tensors, strict=True):
+                for member, offset in group:
+                    if member == tid:
+                        return ptr + offset
+        return view.ptr
 
     def _source(self, x: Any, spec: TensorSpec, i: int, torch: Any) -> tuple[Any, int]:
         """(an object keeping the data alive, its address) of input `x`, on the GPU or

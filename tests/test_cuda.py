@@ -158,3 +158,23 @@ def test_stub_driver_defines_the_symbols_tvm_imports(tmp_path):
     lib = ctypes.CDLL(str(stub))
     for name in ("cuModuleLoadData", "cuLaunchKernelEx", "cuTensorMapEncodeTiled"):
         assert getattr(lib, name)() == 100  # CUDA_ERROR_NO_DEVICE
+
+
+def test_cuda_graphs_follow_the_input_addresses():
+    """Inputs are read in place: one graph per set of input addresses, then copies into
+    the plan's own buffers once MAX_GRAPHS are captured; every call must see its own
+    input. Without a GPU, calling the model says that it needs one."""
+    module, inputs = build_case("conv2d", CASES["conv2d"][2])
+    compiled = tecc.compile(module, inputs, target=f"cuda:{ARCH}")
+    if not GPU:
+        with pytest.raises(runtime_cuda.CudaError, match="no CUDA device"):
+            compiled(*inputs)
+        return
+    fresh = [torch.randn(inputs[0].shape, generator=torch.Generator().manual_seed(s))
+             for s in range(runtime.CudaExecutor.MAX_GRAPHS + 3)]
+    alive = [x.cuda() for x in fresh]  # all alive: distinct addresses
+    for _ in range(2):
+        for x, gx in zip(fresh, alive, strict=True):
+            with torch.no_grad():
+                assert_close(compiled(gx).cpu(), module(x), rtol=1e-4, atol=1e-5)
+    assert len(compiled._executor._graphs) == runtime.CudaExecutor.MAX_GRAPHS + 1

@@ -23,9 +23,6 @@ from tecc.schedules.lower import lower_primitive  # noqa: E402
 from tecc.api import _graph  # noqa: E402
 from tecc.cuda_toolchain import compile_cuda  # noqa: E402
 
-# Tiles the template does not offer (yet): 8 x 8 register tiles per thread.
-EXTRA_TILES = ((16, 16, 1, 1, 8, 8), (8, 16, 1, 1, 8, 8), (16, 8, 1, 1, 8, 8), (8, 8, 1, 1, 8, 8))
-
 
 class MatMul(torch.nn.Module):
     def forward(self, a, b):
@@ -47,7 +44,7 @@ def main() -> None:
         args_dev = [tvm.runtime.tensor(a.numpy(), dev), tvm.runtime.tensor(b.numpy(), dev),
                     tvm.runtime.empty((m, n), "float32", dev)]
         results = []
-        for tile in (*TILES, *EXTRA_TILES):
+        for tile in TILES:
             for micro_k in (8, 16):
                 config = {"rule": "tiled", "tile": tile_name(tile), "micro_k": micro_k,
                           "vector": 4, "unroll": 256}

@@ -40,6 +40,7 @@ class UnboundKernelError(RuntimeError):
 def gpu_schedule(sch: Schedule, target: tvm.target.Target, choose=None,
                  workloads: dict | None = None, applied: list | None = None) -> Schedule:
     """Schedule every block of `sch` for a CUDA `target` (see the module docstring)."""
+    target = with_cuda_limits(target)
     from tecc.schedules.default import _anchor_kind, _root_blocks
 
     templates = load_templates(CUDA)
@@ -66,6 +67,16 @@ def gpu_schedule(sch: Schedule, target: tvm.target.Target, choose=None,
             result = _dlight(sch, target) or sch
     bind_unbound(result, target_info(target).max_threads_per_block or 1024)
     return result
+
+
+def with_cuda_limits(target: tvm.target.Target) -> tvm.target.Target:
+    """`target` with the per-block limits dlight reads (a target spelled with its arch
+    only gets those of the arch from tecc.target)."""
+    if target.attrs.get("max_shared_memory_per_block") is not None:
+        return target
+    from tecc.target import resolve_target
+
+    return resolve_target(f"cuda:{target.attrs.get('arch') or 'sm_90'}")
 
 
 def apply_gpu_template(sch: Schedule, name: str, kind: str, template, target,

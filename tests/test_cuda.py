@@ -178,3 +178,54 @@ def test_cuda_graphs_follow_the_input_addresses():
             with torch.no_grad():
                 assert_close(compiled(gx).cpu(), module(x), rtol=1e-4, atol=1e-5)
     assert len(compiled._executor._graphs) == runtime.CudaExecutor.MAX_GRAPHS + 1
+
+
+_RUNTIME_ONLY = r"""
+import sys
+
+class NoTorch:  # a deployment host without torch
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" or name.startswith("torch."):
+            raise ModuleNotFoundError("No module named 'torch' (blocked by the test)")
+
+sys.meta_path.insert(0, NoTorch())
+import numpy as np
+import tecc
+
+try:
+    package = tecc.load(sys.argv[1])
+except tecc.runtime.PackageError as err:
+    print("REFUSED", err)
+    sys.exit(0)
+np.save(sys.argv[4], package(np.load(sys.argv[2]), np.load(sys.argv[3])))
+maps = open("/proc/self/maps").read()
+assert "libtvm_compiler" not in maps, "the TVM compiler library was loaded"
+print("RAN")
+"""
+
+
+def test_cuda_package_runs_with_the_runtime_alone(tmp_path):
+    """TVM_USE_RUNTIME_LIB=1, no torch: the package runs on a GPU of its arch; without
+    a GPU it is refused with PackageError before any kernel runs."""
+    import os
+    import subprocess
+    import sys
+
+    module, inputs = build_case("mm", CASES["mm"][2])
+    compiled = tecc.compile(module, inputs, target=f"cuda:{ARCH}")
+    compiled.export(tmp_path / "pkg.tar")
+    a, b = (x.numpy() for x in inputs)
+    np.save(tmp_path / "a.npy", a)
+    env = {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/tmp"),
+           "PYTHONPATH": os.environ.get("PYTHONPATH", ""), "TVM_USE_RUNTIME_LIB": "1"}
+    np.save(tmp_path / "b.npy", b)
+    proc = subprocess.run([sys.executable, "-c", _RUNTIME_ONLY, str(tmp_path / "pkg.tar"),
+                           str(tmp_path / "a.npy"), str(tmp_path / "b.npy"),
+                           str(tmp_path / "out.npy")],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    if not GPU:
+        assert "REFUSED" in proc.stdout and "no CUDA device" in proc.stdout, proc.stdout
+        return
+    assert "RAN" in proc.stdout, proc.stdout + proc.stderr
+    np.testing.assert_allclose(np.load(tmp_path / "out.npy"), a @ b, rtol=1e-4, atol=1e-5)

@@ -20,7 +20,7 @@ import logging
 import math
 
 import tvm
-from tecc.schedules.template import ScheduleContext, load_templates
+from tecc.schedules.template import ScheduleContext, templates_for
 from tvm.s_tir.schedule import Schedule
 
 from tecc.target import target_info
@@ -43,7 +43,7 @@ def gpu_schedule(sch: Schedule, target: tvm.target.Target, choose=None,
     target = with_cuda_limits(target)
     from tecc.schedules.default import _anchor_kind, _root_blocks
 
-    templates = load_templates(CUDA)
+    templates = templates_for(CUDA)
     anchors = [(sch.get(b).name_hint, _anchor_kind(sch, b)) for b in _root_blocks(sch)]
     anchors = [(name, kind) for name, kind in anchors if kind is not None]
     result = None

@@ -148,6 +148,11 @@ def get_template(name: str, target_kind: str = "llvm") -> Template | None:
     return REGISTRY.get((target_kind, name))
 
 
+def templates_for(target_kind: str = "llvm") -> dict[str, Template]:
+    """Anchor kind -> template for targets of `target_kind`."""
+    return dict(load_templates(target_kind))
+
+
 # Modules whose import registers the templates of other target kinds.
 TARGET_TEMPLATE_MODULES = {"cuda": ("tecc.schedules.gpu_templates",)}
 _loaded: set[str] = set()

@@ -1,6 +1,13 @@
 """tecc runtime: runs a compiled plan over a kernel library; needs neither torch nor the compiler."""
 
-from .executor import Executor, PlanError, TensorSpec, unflatten_outputs
+from .executor import (
+    CudaExecutor,
+    Executor,
+    PlanError,
+    TensorSpec,
+    make_executor,
+    unflatten_outputs,
+)
 from .package import Package, PackageError, load_package, write_package
 from .threads import configure_threads, kernel_threads
 
@@ -8,6 +15,7 @@ from .threads import configure_threads, kernel_threads
 configure_threads()
 
 __all__ = [
+    "CudaExecutor",
     "Executor",
     "Package",
     "PackageError",
@@ -16,6 +24,7 @@ __all__ = [
     "configure_threads",
     "kernel_threads",
     "load_package",
+    "make_executor",
     "unflatten_outputs",
     "write_package",
 ]

@@ -26,7 +26,7 @@ import numpy as np
 import tvm
 
 from . import cpu
-from .executor import Executor, PlanError, TensorSpec
+from .executor import Executor, PlanError, TensorSpec, make_executor
 
 FORMAT_VERSION = 1
 LIB, PLAN, PARAMS, MANIFEST = "lib.so", "plan.json", "params.npz", "manifest.json"
@@ -201,10 +201,20 @@ def _check_target(target: Mapping[str, Any]) -> None:
                 f"(e.g. target llvm, which detects the host CPU)."
             )
     elif kind == "cuda":
-        if not tvm.cuda(0).exist:
+        from . import cuda
+
+        try:
+            cuda.cuda_device(0)
+            here = cuda.device_arch(0)
+        except cuda.CudaError as exc:
             raise PackageError(
-                f"this package was built for {built_for}, but no CUDA device is visible "
-                f"to TVM here. Run it on a machine with an NVIDIA GPU, or recompile for llvm."
+                f"this package was built for {built_for}, but no CUDA device is usable "
+                f"here ({exc}). Run it on a machine with an NVIDIA GPU, or recompile for llvm."
+            ) from exc
+        if str(target.get("arch", "")) != here:
+            raise PackageError(
+                f"this package was built for {built_for}, but this GPU is {here}. "
+                f"Recompile the model with target cuda:{here}."
             )
     else:
         raise PackageError(f"this package was built for {built_for}; target kind {kind!r} is not supported")
@@ -323,13 +333,15 @@ def load_package(
         raise PackageError(f"{path}: manifest.json has no target; re-export the package")
     if check_target:
         _check_target(target)
-    if target.get("kind") != "llvm":
+    device_kind = "cuda" if target.get("kind") == "cuda" else "cpu"
+    if target.get("kind") not in ("llvm", "cuda"):
         raise PackageError(
             f"{path}: built for target kind {target.get('kind')!r}; this executor runs "
-            f"llvm (CPU) packages only"
+            f"llvm (CPU) and cuda packages only"
         )
-    if device is not None and str(device).split(":")[0] != "cpu":
-        raise PackageError(f"{path}: an llvm package runs on the CPU, not on {device}")
+    if device is not None and str(device).split(":")[0] != device_kind:
+        raise PackageError(f"{path}: a {target.get('kind')} package runs on {device_kind}, "
+                           f"not on {device}")
     if manifest.get("tvm") != tvm.__version__:
         warnings.warn(
             f"{path}: package built with TVM {manifest.get('tvm')}, this runtime is TVM "
@@ -341,9 +353,13 @@ def load_package(
     plan = json.loads((root / PLAN).read_text())
     with np.load(root / PARAMS, allow_pickle=False) as npz:
         params = {name: npz[name] for name in npz.files}
+    if device_kind == "cuda":
+        from .cuda import ensure_tvm_cuda_runtime
+
+        ensure_tvm_cuda_runtime()  # TVM_USE_RUNTIME_LIB=1 loads no CUDA runtime
     module = tvm.runtime.load_module(str(root / LIB))
     try:
-        executor = Executor(module, plan, params)
+        executor = make_executor(module, plan, params, device_kind)
     except PlanError as exc:
         raise PackageError(f"{path}: the package is inconsistent: {exc}. Re-export it.") from exc
     return Package(executor, manifest, path, tmpdir)

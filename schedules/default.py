@@ -78,9 +78,11 @@ def default_schedule(sch: Schedule, target: tvm.target.Target,
     the config `choose` gives (None: the template's fallback); `workloads` maps an
     anchor block's name to its workload dict; `applied` collects what was done."""
     info = target_info(target)
+    if info.is_gpu:
+        from tecc.schedules.gpu_default import gpu_schedule
+
+        return gpu_schedule(sch, info.tvm_target, choose, workloads, applied)
     templates = templates_for(info.kind)
-    if info.kind != "llvm" and not templates:
-        return sch  # no templates for this kind (yet): the naive nest is correct
     inline_injective(sch)
     group = injective_anchor(sch)
     if group is not None and INJECTIVE_KIND in templates:

@@ -64,6 +64,7 @@ TEMPLATE_MODULES = (
     "tecc.schedules.templates_conv",
     "tecc.schedules.templates_reduce",
     "tecc.schedules.templates_injective",
+    "tecc.schedules.gpu_templates",
 )
 # The anchor kind of a group of injective ops (it has no "tecc.anchor" block).
 INJECTIVE_KIND = "injective"

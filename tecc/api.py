@@ -38,7 +38,10 @@ class CompiledModel:
         self.timings = timings
         self.plan = result.plan
         self.records_digest: str | None = None
-        self._executor = runtime.Executor(result.executable, result.plan, result.params)
+        self.cuda_graph = True  # a cuda model replays one CUDA graph per call
+        # A cuda model builds without a GPU; its executor is made at the first call.
+        self._executor = (None if target.is_gpu else
+                          runtime.Executor(result.executable, result.plan, result.params))
 
     @property
     def input_specs(self) -> list[dict]:
@@ -49,6 +52,13 @@ class CompiledModel:
         return [s.to_json() for s in self.imported.outputs]
 
     def __call__(self, *inputs: Any) -> Any:
+        if self.target_info.is_gpu:
+            if self._executor is None:
+                self._executor = runtime.make_executor(
+                    self.build_result.executable, self.plan, self.build_result.params,
+                    "cuda", self.cuda_graph)
+            return runtime.unflatten_outputs(self.plan["output_structure"],
+                                             self._executor.run_flat(*inputs))
         as_torch = any(isinstance(x, torch.Tensor) for x in inputs)
         arrays = [_to_numpy(x) for x in inputs]
         flat = self._executor.run_flat(*arrays)
@@ -221,6 +231,7 @@ def compile(  # noqa: A001 - the natural name, as torch.compile
     print_after: Sequence[str] | None = None,
     records: RecordsArg = None,
     winograd: bool = True,
+    cuda_graph: bool = True,
 ) -> CompiledModel:
     """Compile `model` for `target` ("llvm" = this CPU, "llvm:<cpu>", "cuda[:sm_XX]").
 
@@ -242,6 +253,7 @@ def compile(  # noqa: A001 - the natural name, as torch.compile
     compiled = CompiledModel(imported, partitioned, result, info, timings)
     compiled.passes = [name for name, _ in trace.ran]
     compiled.records_digest = tuning.digest
+    compiled.cuda_graph = cuda_graph
     if tuning.given:
         warn_untuned(compiled.tasks())
     return compiled

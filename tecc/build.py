@@ -205,8 +205,13 @@ def build(
     for view, source in view_of.items():
         tensors[view]["storage"] = tensors[source]["storage"]
 
-    with target:
-        executable = tvm.compile(tvm.IRModule(prim_funcs), target=target)
+    if target.kind.name == "cuda":
+        from tecc.cuda_toolchain import compile_cuda
+
+        executable = compile_cuda(tvm.IRModule(prim_funcs), target)
+    else:
+        with target:
+            executable = tvm.compile(tvm.IRModule(prim_funcs), target=target)
     plan_json = {
         "version": 1,
         "storages": storages,

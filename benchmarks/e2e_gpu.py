@@ -1,0 +1,219 @@
+"""End-to-end latency on a CUDA GPU, fp32 with TF32 off everywhere: torch eager,
+torch.compile (default and mode="reduce-overhead") and tecc untuned, measured in
+one process with CUDA events; plus GEMMs against cuBLAS.
+
+    python benchmarks/e2e_gpu.py [--models resnet18,mlp] [--batches 1,16] [--gemm 1024,4096]
+
+Each run adds its rows to results/e2e_gpu.json (keyed by model and batch) and
+writes results/e2e_gpu.md from every stored row, so the batches may run apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import tecc  # noqa: E402
+from benchmarks.common import RESULTS, write_table  # noqa: E402
+from tests.models import MLP, MobileNetV2, bert_encoder, resnet18  # noqa: E402
+from tests.util import max_rel_error  # noqa: E402
+
+STORE = RESULTS / "e2e_gpu.json"
+COMPETITORS = ("eager", "compile", "reduce-overhead", "tecc")
+
+
+def bert_base(batch: int):
+    model = bert_encoder(hidden=768, layers=12, heads=12)
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 1000, (batch, 128), generator=gen)
+    mask = torch.ones(batch, 128, dtype=torch.int64)
+    mask[:, 120:] = 0
+    return model, (ids, mask)
+
+
+def make_model(name: str, batch: int):
+    gen = torch.Generator().manual_seed(0)
+    if name == "resnet18":
+        return resnet18(), (torch.randn(batch, 3, 224, 224, generator=gen),)
+    if name == "mobilenet_v2":
+        return MobileNetV2(), (torch.randn(batch, 3, 224, 224, generator=gen),)
+    if name == "bert_base":
+        return bert_base(batch)
+    if name == "mlp":
+        return MLP(), (torch.randn(batch, 64, generator=gen),)
+    raise KeyError(name)
+
+
+def cuda_ms(fns: dict[str, Callable[[], object]], rounds: int = 5, per_round: int = 20,
+            warmup: int = 5) -> dict[str, float]:
+    """Median milliseconds of each function by CUDA events around each call, in
+    interleaved rounds (every competitor measured in each round)."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    torch.cuda.synchronize()
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                      for _ in range(per_round)]
+            for start, end in events:
+                start.record()
+                fn()
+                end.record()
+            torch.cuda.synchronize()
+            samples[name] += [s.elapsed_time(e) for s, e in events]
+    return {name: statistics.median(v) for name, v in samples.items()}
+
+
+def run_model(name: str, batch: int, competitors: list[str]) -> dict:
+    model, cpu_inputs = make_model(name, batch)
+    model = model.eval()
+    with torch.no_grad():
+        expected = model(*cpu_inputs)
+    gpu_model = copy.deepcopy(model).cuda()
+    inputs = tuple(x.cuda() for x in cpu_inputs)
+    fns: dict[str, Callable[[], object]] = {}
+    compile_s: dict[str, float] = {}
+    with torch.no_grad():
+        if "eager" in competitors:
+            fns["eager"] = lambda: gpu_model(*inputs)
+        for mode in ("compile", "reduce-overhead"):
+            if mode not in competitors:
+                continue
+            try:
+                start = time.perf_counter()
+                compiled_torch = torch.compile(gpu_model, dynamic=False,
+                                               mode=None if mode == "compile" else mode)
+                compiled_torch(*inputs)
+                compiled_torch(*inputs)
+                compile_s[mode] = time.perf_counter() - start
+                fns[mode] = lambda f=compiled_torch: f(*inputs)
+            except Exception as err:  # a competitor failing is reported, not fatal
+                print(f"torch.compile {mode} failed: {type(err).__name__}: {err}")
+    start = time.perf_counter()
+    cm = tecc.compile(model, cpu_inputs, target="cuda")
+    compile_s["tecc"] = time.perf_counter() - start
+    error = max_rel_error(_cpu(cm(*inputs)), expected)
+    fns["tecc"] = lambda: cm(*inputs)
+    with torch.no_grad():
+        times = cuda_ms(fns)
+    # where tecc's time goes: each kernel call synchronized (launch overhead included)
+    per_kernel = sorted(cm._executor.profile(*inputs, repeat=10), key=lambda r: -r[1])
+    top = [[k, round(sec * 1e3, 4)] for k, sec in per_kernel[:8]]
+    print(f"slowest kernels (ms): {top}", flush=True)
+    return {"model": name, "batch": batch, "ms": times, "compile_s": compile_s,
+            "kernel_calls": len(cm.plan["kernels"]), "max_rel_err": error,
+            "device": torch.cuda.get_device_name(), "slowest_kernels_ms": top}
+
+
+def _cpu(value):
+    if isinstance(value, torch.Tensor):
+        return value.cpu()
+    if isinstance(value, dict):
+        return {k: _cpu(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_cpu(v) for v in value)
+    return value
+
+
+def run_gemm(n: int) -> dict:
+    class MatMul(torch.nn.Module):
+        def forward(self, a, b):
+            return a @ b
+
+    gen = torch.Generator().manual_seed(0)
+    a, b = (torch.randn(n, n, generator=gen) for _ in range(2))
+    cm = tecc.compile(MatMul(), (a, b), target="cuda")
+    ga, gb = a.cuda(), b.cuda()
+    error = max_rel_error(cm(ga, gb).cpu(), (ga @ gb).cpu())
+    times = cuda_ms({"cublas": lambda: ga @ gb, "tecc": lambda: cm(ga, gb)}, rounds=3)
+    tflops = {k: 2 * n**3 / (v * 1e-3) / 1e12 for k, v in times.items()}
+    return {"n": n, "ms": times, "tflops": tflops, "max_rel_err": error}
+
+
+def write_markdown(store: dict) -> None:
+    rows = []
+    for key in sorted(store["models"], key=lambda k: (k.split("@")[0], int(k.split("@")[1]))):
+        r = store["models"][key]
+        ms = r["ms"]
+        eager, ours = ms.get("eager", float("nan")), ms["tecc"]
+
+        def cell(name: str, ms: dict = ms) -> str:
+            return f"{ms[name]:.3f}" if name in ms else "-"
+
+        rows.append([r["model"], str(r["batch"]), cell("eager"), cell("compile"),
+                     cell("reduce-overhead"), f"{ours:.3f}", f"{eager / ours:.2f}x",
+                     f"{ms['reduce-overhead'] / ours:.2f}x" if "reduce-overhead" in ms else "-",
+                     str(r["kernel_calls"]), f"{r['compile_s']['tecc']:.0f}",
+                     f"{r['max_rel_err']:.1e}"])
+    gemm_rows = [[str(g["n"]), f"{g['ms']['cublas']:.3f}", f"{g['ms']['tecc']:.3f}",
+                  f"{g['tflops']['cublas']:.1f}", f"{g['tflops']['tecc']:.1f}",
+                  f"{g['tflops']['tecc'] / g['tflops']['cublas']:.2f}x", f"{g['max_rel_err']:.1e}"]
+                 for g in sorted(store.get("gemm", {}).values(), key=lambda g: g["n"])]
+    device = next(iter(store["models"].values()), {}).get("device", "a CUDA GPU")
+    notes = [f"Device: {device}; torch {torch.__version__}, tecc {tecc.__version__}, untuned "
+             "(fallback configs, no tuning records).",
+             "fp32 everywhere, TF32 off (torch.backends.cuda.matmul.allow_tf32 = "
+             "torch.backends.cudnn.allow_tf32 = False); inputs and outputs are torch CUDA tensors.",
+             "Median ms by CUDA events around each call, interleaved rounds, one process per "
+             "batch. tecc replays one CUDA graph per call; ratios above 1 mean tecc is faster.",
+             "Command: `python benchmarks/e2e_gpu.py` (see --help)."]
+    path = write_table("e2e_gpu", "End-to-end latency, CUDA GPU, fp32 (median ms)",
+                       ["model", "batch", "torch eager", "torch.compile",
+                        "torch.compile reduce-overhead", "tecc", "tecc vs eager",
+                        "tecc vs reduce-overhead", "kernel calls", "tecc compile s",
+                        "max rel err"], rows, notes)
+    if gemm_rows:
+        lines = ["", "## GEMM (n x n x n, fp32)", "",
+                 "| n | cuBLAS ms | tecc ms | cuBLAS TFLOP/s | tecc TFLOP/s | tecc / cuBLAS "
+                 "| max rel err |", "|---|---|---|---|---|---|---|"]
+        lines += ["| " + " | ".join(r) + " |" for r in gemm_rows]
+        with open(path, "a") as f:
+            f.write("\n".join(lines) + "\n")
+        print("\n".join(lines))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--models", default="resnet18,mobilenet_v2,bert_base,mlp")
+    parser.add_argument("--batches", default="1,16")
+    parser.add_argument("--gemm", default="1024,4096", help="GEMM sizes ('' for none)")
+    parser.add_argument("--competitors", default=",".join(COMPETITORS))
+    args = parser.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    competitors = args.competitors.split(",")
+    store = json.loads(STORE.read_text()) if STORE.exists() else {"models": {}, "gemm": {}}
+    for batch in [int(b) for b in args.batches.split(",") if b]:
+        for name in [m for m in args.models.split(",") if m]:
+            print(f"== {name} batch {batch}", flush=True)
+            try:
+                row = run_model(name, batch, competitors)
+            except Exception as err:  # noqa: BLE001 - report and go on with the others
+                print(f"{name} batch {batch} failed: {type(err).__name__}: {err}", flush=True)
+                continue
+            print(json.dumps(row), flush=True)
+            store["models"][f"{name}@{batch}"] = row
+            STORE.parent.mkdir(parents=True, exist_ok=True)
+            STORE.write_text(json.dumps(store, indent=1))
+    for n in [int(v) for v in args.gemm.split(",") if v]:
+        print(f"== gemm {n}", flush=True)
+        store["gemm"][str(n)] = run_gemm(n)
+        print(json.dumps(store["gemm"][str(n)]), flush=True)
+        STORE.write_text(json.dumps(store, indent=1))
+    write_markdown(store)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# One round on a CUDA machine, from the repository root, with tecc and TVM importable
+# (PYTHONPATH): `tests` runs the CUDA tests against torch on the GPU, `bench ARGS`
+# runs benchmarks/e2e_gpu.py with ARGS, `gemm` the matmul template's tiles. Logs and
+# results go to $OUT when it is set.
+set -o pipefail
+OUT=${OUT:-/tmp/tecc-gpu-round}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader | tee -a "$OUT/device.txt"
+case "${1:-}" in
+  tests)
+    shift
+    python3 -m pytest -q -p no:cacheprovider --timeout=600 tests/test_cuda.py "$@" 2>&1 \
+      | tee "$OUT/tests.log";;
+  bench)
+    shift
+    [ -f "$OUT/e2e_gpu.json" ] && cp "$OUT/e2e_gpu.json" benchmarks/results/
+    timeout "${BENCH_TIMEOUT:-3000}" python3 benchmarks/e2e_gpu.py "$@" 2>&1 | tee "$OUT/bench.log"
+    cp benchmarks/results/e2e_gpu.md benchmarks/results/e2e_gpu.json "$OUT/";;
+  gemm)
+    shift
+    python3 benchmarks/gpu_gemm_configs.py "$@" 2>&1 | tee "$OUT/gemm_configs.log";;
+  *) echo "usage: gpu_round.sh tests [pytest args] | bench [e2e_gpu args] | gemm [args]" >&2
+     exit 2;;
+esac

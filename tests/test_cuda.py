@@ -1,0 +1,231 @@
+"""The CUDA backend: every op and test model builds for cuda on a machine without a
+GPU (cubins embedded, every kernel bound to blocks and threads); where a GPU is
+visible (the H200 runs `pytest tests/test_cuda.py`), each also runs there against
+torch eager."""
+
+import numpy as np
+import pytest
+import torch
+from tecc.runtime import cuda as runtime_cuda
+from tecc.schedules.gpu_default import UnboundKernelError, check_bound, launch_extents
+
+import tecc
+from tecc import runtime
+from tecc.cuda_toolchain import (
+    CudaToolchainError,
+    build_stub_driver,
+    compile_cuda,
+    embedded_cuda_archs,
+    find_nvcc,
+)
+from tecc.target import resolve_target
+from tests.test_models import TOLERANCE
+from tests.test_models import make as make_model
+from tests.test_ops import CASES, build_case
+from tests.util import assert_close, max_rel_error
+
+
+def _gpu() -> bool:
+    try:
+        runtime_cuda.cuda_device(0)
+    except runtime_cuda.CudaError:
+        return False
+    return torch.cuda.is_available()
+
+
+GPU = _gpu()
+ARCH = runtime_cuda.device_arch(0) if GPU else "sm_90"
+
+
+def _archs(tmp_path, compiled) -> list[tuple[str, int]]:
+    compiled.export(tmp_path / "pkg")
+    return embedded_cuda_archs((tmp_path / "pkg" / "lib.so").read_bytes())
+
+
+def _on_gpu(inputs):
+    return tuple(x.cuda() for x in inputs)
+
+
+@pytest.mark.parametrize("shape_set", [1, 2])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_op_builds_for_cuda_and_matches_torch(name, shape_set):
+    module, inputs = build_case(name, CASES[name][shape_set])
+    compiled = tecc.compile(module, inputs, target=f"cuda:{ARCH}")
+    with torch.no_grad():
+        expected = module(*inputs)
+    if GPU:
+        got = compiled(*_on_gpu(inputs))
+        got = [g.cpu() for g in got] if isinstance(got, tuple) else got.cpu()
+        assert_close(got, expected, rtol=1e-4, atol=1e-5)
+        # numpy in, numpy out, on the same executor
+        flat = compiled(*(x.numpy() for x in inputs))
+        assert_close(flat, tuple(e.numpy() for e in expected) if isinstance(expected, tuple)
+                     else expected.numpy(), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", sorted(TOLERANCE))
+def test_model_builds_for_cuda_and_matches_torch(name, tmp_path):
+    torch.manual_seed(0)
+    model, inputs = make_model(name)
+    model.eval()
+    compiled = tecc.compile(model, inputs, target=f"cuda:{ARCH}")
+    archs = _archs(tmp_path, compiled)
+    assert ("elf", int(ARCH[3:])) in archs, archs
+    if not GPU:
+        return
+    with torch.no_grad():
+        expected = model(*inputs)
+    for graph in (True, False):
+        compiled.cuda_graph = graph
+        compiled._executor = None
+        for _ in range(3):  # the warm-up run, the capture, a replay
+            got = compiled(*_on_gpu(inputs))
+        error = max_rel_error(_to_cpu(got), expected)
+        assert error < TOLERANCE[name], f"{name}, graph {graph}: max relative error {error:.2e}"
+    if name != "bert":
+        fresh = tuple(torch.randn_like(x) for x in inputs)
+        with torch.no_grad():
+            assert_close(_to_cpu(compiled(*_on_gpu(fresh))), model(*fresh),
+                         rtol=TOLERANCE[name] * 10, atol=TOLERANCE[name])
+
+
+def _to_cpu(value):
+    if isinstance(value, torch.Tensor):
+        return value.cpu()
+    if isinstance(value, dict):
+        return {k: _to_cpu(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_to_cpu(v) for v in value)
+    return value
+
+
+def test_package_records_the_arch_and_runs_only_on_it(tmp_path):
+    module, inputs = build_case("linear", CASES["linear"][2])
+    compiled = tecc.compile(module, inputs, target=f"cuda:{ARCH}")
+    compiled.export(tmp_path / "pkg")
+    manifest = (tmp_path / "pkg" / "manifest.json").read_text()
+    assert f'"arch": "{ARCH}"' in manifest
+    if not GPU:
+        with pytest.raises(runtime.PackageError, match="no CUDA device"):
+            tecc.load(tmp_path / "pkg")
+        return
+    package = tecc.load(tmp_path / "pkg")
+    expected = module(*inputs).detach().numpy()
+    np.testing.assert_allclose(package(inputs[0].numpy()), expected, rtol=1e-4, atol=1e-5)
+    other = tecc.compile(module, inputs, target="cuda:sm_80" if ARCH != "sm_80" else "cuda:sm_86")
+    other.export(tmp_path / "other")
+    with pytest.raises(runtime.PackageError, match="built for"):
+        tecc.load(tmp_path / "other")
+
+
+def test_every_kernel_is_bound_and_unbound_ones_are_refused():
+    import tvm
+    from tvm import te
+
+    target = resolve_target("cuda")
+    a = te.placeholder((64, 32), name="a")
+    k = te.reduce_axis((0, 32), name="k")
+    b = te.compute((64,), lambda i: te.sum(a[i, k], axis=k), name="b")
+    naive = te.create_prim_func([a, b]).with_attr("global_symbol", "naive")
+    with pytest.raises(UnboundKernelError, match="not bound"):
+        check_bound(naive, "naive")
+    with pytest.raises(UnboundKernelError):
+        compile_cuda(tvm.IRModule({"naive": naive}), target)
+
+    from tecc.schedules.gpu_default import gpu_schedule
+    from tvm.s_tir.schedule import Schedule
+
+    scheduled = gpu_schedule(Schedule(tvm.IRModule({"main": naive})), target).mod["main"]
+    check_bound(scheduled)
+    assert any(t.startswith("threadIdx.") for t in launch_extents(scheduled))
+
+
+def test_nvcc_missing_is_a_clear_error(monkeypatch, tmp_path):
+    import tecc.cuda_toolchain as toolchain
+
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    monkeypatch.setattr(toolchain, "DEFAULT_CUDA_ROOTS", (str(tmp_path),))
+    with pytest.raises(CudaToolchainError, match="needs nvcc"):
+        find_nvcc()
+
+
+def test_stub_driver_defines_the_symbols_tvm_imports(tmp_path):
+    import ctypes
+
+    stub = build_stub_driver(tmp_path)
+    lib = ctypes.CDLL(str(stub))
+    for name in ("cuModuleLoadData", "cuLaunchKernelEx", "cuTensorMapEncodeTiled"):
+        assert getattr(lib, name)() == 100  # CUDA_ERROR_NO_DEVICE
+
+
+def test_cuda_graphs_follow_the_input_addresses():
+    """Inputs are read in place: one graph per set of input addresses, then copies into
+    the plan's own buffers once MAX_GRAPHS are captured; every call must see its own
+    input. Without a GPU, calling the model says that it needs one."""
+    module, inputs = build_case("conv2d", CASES["conv2d"][2])
+    compiled = tecc.compile(module, inputs, target=f"cuda:{ARCH}")
+    if not GPU:
+        with pytest.raises(runtime_cuda.CudaError, match="no CUDA device"):
+            compiled(*inputs)
+        return
+    fresh = [torch.randn(inputs[0].shape, generator=torch.Generator().manual_seed(s))
+             for s in range(runtime.CudaExecutor.MAX_GRAPHS + 3)]
+    alive = [x.cuda() for x in fresh]  # all alive: distinct addresses
+    for _ in range(2):
+        for x, gx in zip(fresh, alive, strict=True):
+            with torch.no_grad():
+                assert_close(compiled(gx).cpu(), module(x), rtol=1e-4, atol=1e-5)
+    assert len(compiled._executor._graphs) == runtime.CudaExecutor.MAX_GRAPHS + 1
+
+
+_RUNTIME_ONLY = r"""
+import sys
+
+class NoTorch:  # a deployment host without torch
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" or name.startswith("torch."):
+            raise ModuleNotFoundError("No module named 'torch' (blocked by the test)")
+
+sys.meta_path.insert(0, NoTorch())
+import numpy as np
+import tecc
+
+try:
+    package = tecc.load(sys.argv[1])
+except tecc.runtime.PackageError as err:
+    print("REFUSED", err)
+    sys.exit(0)
+np.save(sys.argv[4], package(np.load(sys.argv[2]), np.load(sys.argv[3])))
+maps = open("/proc/self/maps").read()
+assert "libtvm_compiler" not in maps, "the TVM compiler library was loaded"
+print("RAN")
+"""
+
+
+def test_cuda_package_runs_with_the_runtime_alone(tmp_path):
+    """TVM_USE_RUNTIME_LIB=1, no torch: the package runs on a GPU of its arch; without
+    a GPU it is refused with PackageError before any kernel runs."""
+    import os
+    import subprocess
+    import sys
+
+    module, inputs = build_case("mm", CASES["mm"][2])
+    compiled = tecc.compile(module, inputs, target=f"cuda:{ARCH}")
+    compiled.export(tmp_path / "pkg.tar")
+    a, b = (x.numpy() for x in inputs)
+    np.save(tmp_path / "a.npy", a)
+    env = {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/tmp"),
+           "PYTHONPATH": os.environ.get("PYTHONPATH", ""), "TVM_USE_RUNTIME_LIB": "1"}
+    np.save(tmp_path / "b.npy", b)
+    proc = subprocess.run([sys.executable, "-c", _RUNTIME_ONLY, str(tmp_path / "pkg.tar"),
+                           str(tmp_path / "a.npy"), str(tmp_path / "b.npy"),
+                           str(tmp_path / "out.npy")],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    if not GPU:
+        assert "REFUSED" in proc.stdout and "no CUDA device" in proc.stdout, proc.stdout
+        return
+    assert "RAN" in proc.stdout, proc.stdout + proc.stderr
+    np.testing.assert_allclose(np.load(tmp_path / "out.npy"), a @ b, rtol=1e-4, atol=1e-5)

@@ -11,8 +11,11 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader | tee
 case "${1:-}" in
   tests)
     shift
-    python3 -m pytest -q -p no:cacheprovider --timeout=600 tests/test_cuda.py "$@" 2>&1 \
-      | tee "$OUT/tests.log";;
+    # From outside the checkout, the checkout appended to sys.path: its tecc/ folder
+    # must not shadow the installed tecc package (whose stages live in other folders).
+    root=$PWD
+    (cd /tmp && python3 -m pytest -q -p no:cacheprovider --import-mode=append --timeout=600 \
+      "$root/tests/test_cuda.py" "$@") 2>&1 | tee "$OUT/tests.log";;
   bench)
     shift
     [ -f "$OUT/e2e_gpu.json" ] && cp "$OUT/e2e_gpu.json" benchmarks/results/

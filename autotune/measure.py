@@ -33,6 +33,8 @@ from tecc.autotune.errors import RUN_ERROR, error_kind, format_error
 from tecc.autotune.records import Record, RecordWriter, Timed
 from tecc.autotune.runner import RunJob, RunOutcome
 
+from tecc.canonical import canonical_json
+
 if TYPE_CHECKING:
     from tecc.autotune.builder import Builder, BuildResult
     from tecc.autotune.runner import Runner
@@ -68,9 +70,6 @@ def target_json(target: Any) -> dict[str, Any]:
 
 def task_key(task: TunableTask) -> str:
     """One task on one target: candidates of one key are compared with each other."""
-    # imported here: the tecc.runtime package loads tvm
-    from tecc.runtime.canonical import canonical_json
-
     return canonical_json([task.name, task.workload, target_json(task.target)])
 
 

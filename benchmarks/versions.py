@@ -28,10 +28,11 @@ from benchmarks.common import host_line, write_table  # noqa: E402
 WORKER = r"""
 import json, sys, time
 sys.path.insert(0, sys.argv[1])
-import numpy as np, torch
+import torch
 torch.set_num_threads(int(sys.argv[2]))
 import tecc
 from tests.models import example_models
+from tests.util import max_rel_error
 
 models, compiled = example_models(batch=1), {}
 out = sys.stdout
@@ -46,12 +47,7 @@ for line in sys.stdin:
         seconds = time.perf_counter() - start
         args = [x.numpy() for x in inputs]
         with torch.no_grad():
-            want = model(*inputs)
-        got = cm(*args)
-        want = [want] if isinstance(want, torch.Tensor) else list(want)
-        got = [got] if isinstance(got, np.ndarray) else list(got)
-        err = max(float(np.max(np.abs(g - w.numpy())) / (np.max(np.abs(w.numpy())) or 1))
-                  for g, w in zip(got, want))
+            err = max_rel_error(cm(*inputs), model(*inputs))
         compiled[name] = (cm, args)
         kernels = [k["name"] for k in cm.plan["kernels"]]
         configs = sorted(f"{t['workload_key']} {json.dumps(t.get('config'), sort_keys=True)}"

@@ -12,7 +12,6 @@ choice into numbers a cost model can use.
 
 from __future__ import annotations
 
-import json
 import math
 import random
 from collections.abc import Iterator, Sequence
@@ -20,6 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from tecc.schedules.blocks import divisors
+
+from tecc.canonical import canonical_json
 
 
 def factorizations(extent: int, parts: int, policy: str = "factors",
@@ -207,7 +208,7 @@ class ConfigSpace:
         return f"{len(self)} configs = " + " x ".join(parts)
 
     def dumps(self, config: Config) -> str:
-        return json.dumps(config.to_json(), sort_keys=True)
+        return canonical_json(config.to_json())
 
 
 def nearest_config(space: ConfigSpace, values: dict[str, Any]) -> Config:

@@ -47,7 +47,6 @@ from tecc.graph_opt.layout import (
     pack_winograd_weight,
     to_nchwc,
 )
-from tecc.runtime.canonical import canonical_json
 from tecc.schedules.blocks import anchor_kind, inline_injective
 from tecc.schedules.lower import anchor_workloads, build_te, lower_primitive
 from tecc.schedules.space import Config, ConfigSpace
@@ -57,6 +56,7 @@ from tecc.schedules.templates_dense import dense_pack_block
 from tvm import te
 from tvm.s_tir.schedule import Schedule
 
+from tecc.canonical import canonical_json
 from tecc.target import resolve_target, target_info, target_to_json
 
 # Templates whose kernel takes NCHW{c}c data (a config's blocks pick the layout).

@@ -1,5 +1,6 @@
 """Canonical JSON: one spelling of a value, so that equal values give equal strings
-(workload keys, config keys, digests) on every machine."""
+(workload keys, config keys, digests) on every machine. It imports nothing of TVM
+or torch, so records, the runtime and the compiler all use it."""
 
 from __future__ import annotations
 

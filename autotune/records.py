@@ -5,7 +5,9 @@ A line:
   {"version": 1, "target": {...}, "workload": {...}, "config": {...},
    "costs_s": [...], "error": null | "kind: message", "timestamp": ...,
    "host": {"cpu": ..., "cores": ...}, "tecc": ..., "tvm": ...}
-A line that does not parse or lacks a field is skipped; one warning counts them.
+A line that does not parse, lacks a field or holds a cost that is not finite positive
+seconds is skipped; one warning counts them. A tuning run holds records_lock on its
+file.
 
 A line may also carry "verify": "<session>": a re-measurement at the end of tuning,
 where a task's best configs and its fallback ran in interleaved rounds (one line per
@@ -17,6 +19,8 @@ where a workload has no session.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import json
 import math
@@ -24,7 +28,7 @@ import os
 import statistics
 import time
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -191,6 +195,31 @@ class RecordWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class RecordsBusyError(RuntimeError):
+    """Another tuning run holds the records file."""
+
+
+@contextlib.contextmanager
+def records_lock(path: str | os.PathLike) -> Iterator[None]:
+    """Hold an advisory lock (flock) on a records file for a tuning run: a second run
+    on the same file would measure the same configs again. Released when the run
+    ends, also when it is killed (the kernel drops the lock with the process)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as held:
+        try:
+            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RecordsBusyError(
+                f"another tuning run is writing {path}: wait for it to finish, or tune "
+                "into another records file (--records) and merge them with "
+                "`tecc records merge`") from None
+        try:
+            yield
+        finally:
+            fcntl.flock(held, fcntl.LOCK_UN)
 
 
 def _ends_a_line(path: Path) -> bool:

@@ -157,3 +157,55 @@ def test_a_conv_block_outside_the_space_loses_to_the_next_best(tmp_path, ic_bn):
                               "conv2d_NCHWc", {"oc_bn": 8, "tile_ow": 1}, "ic_bn", ic_bn)
     assert len(invalid) == 1
 
+
+# -- one tuning run per records file; build folders of killed runs
+
+def test_a_second_tune_on_one_records_file_is_refused(tmp_path):
+    import fcntl
+
+    from tecc.autotune.records import RecordsBusyError
+
+    path = tmp_path / "r.jsonl"
+    path.write_text(line() + "\n")
+    with open(path, "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as a running tune holds it
+        with pytest.raises(RecordsBusyError, match="another tuning run"):
+            tecc.tune(_Linear().eval(), (torch.randn(4, 64),), records=path, trials=1,
+                      tuner="random", progress=False)
+    assert path.read_text() == line() + "\n"
+
+
+def test_build_folders_of_dead_runs_are_removed(tmp_path, monkeypatch):
+    import os
+    import subprocess
+    import tempfile
+
+    from tecc.autotune import builder
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    root = builder.build_root()
+    orphan, alive = root / f"{dead.pid}-abc", root / f"{os.getppid()}-def"
+    for folder in (orphan, alive):
+        folder.mkdir(parents=True)
+        (folder / "k.so").write_bytes(b"x")
+    with builder.LocalBuilder(n_parallel=1) as built:
+        assert os.path.dirname(built.out_dir) == str(root)
+        assert os.path.basename(built.out_dir).startswith(f"{os.getpid()}-")
+        assert not orphan.exists() and alive.exists()
+    assert not os.path.exists(built.out_dir)
+
+
+def test_tecc_tune_on_a_busy_records_file_says_so(tmp_path, monkeypatch):
+    import fcntl
+
+    from tecc.cli import main
+
+    path = tmp_path / "r.jsonl"
+    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent.parent))
+    with open(path, "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(SystemExit, match="tecc tune: another tuning run is writing"):
+            main(["tune", "tests.models:mlp_example", "--records", str(path), "--trials",
+                  "1", "--tuner", "random"])

@@ -21,6 +21,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from tecc.autotune.errors import BUILD_ERROR, BUILD_TIMEOUT, format_error
@@ -110,7 +111,11 @@ class LocalBuilder:
             n_parallel = host_cores()
         self.timeout_s = timeout_s
         self._own_dir = out_dir is None
-        self.out_dir = out_dir or tempfile.mkdtemp(prefix="tecc-build-")
+        if out_dir is None:
+            root = build_root()
+            remove_orphan_build_dirs(root)
+            out_dir = tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=root)
+        self.out_dir = out_dir
         os.makedirs(self.out_dir, exist_ok=True)
         self.pool = WorkerPool(n_parallel, warm_imports=("tvm", "tvm.s_tir.schedule"))
 
@@ -129,6 +134,32 @@ class LocalBuilder:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def build_root() -> Path:
+    """The parent of every run's build folder, each named "<pid of its run>-...": the
+    folder of a killed run (SIGKILL skips close()) is found and removed by the next."""
+    root = Path(tempfile.gettempdir()) / "tecc-build"
+    root.mkdir(exist_ok=True)
+    return root
+
+
+def remove_orphan_build_dirs(root: Path) -> None:
+    """Remove the build folders under `root` whose run's process is gone."""
+    for folder in root.iterdir():
+        pid = folder.name.split("-", 1)[0]
+        if folder.is_dir() and pid.isdigit() and not _process_alive(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
 
 
 def remove_built(built: Sequence[BuildResult]) -> None:

@@ -5,7 +5,9 @@ A line:
   {"version": 1, "target": {...}, "workload": {...}, "config": {...},
    "costs_s": [...], "error": null | "kind: message", "timestamp": ...,
    "host": {"cpu": ..., "cores": ...}, "tecc": ..., "tvm": ...}
-A line that does not parse or lacks a field is skipped; one warning counts them.
+A line that does not parse, lacks a field or holds a cost that is not finite positive
+seconds is skipped; one warning counts them. A tuning run holds records_lock on its
+file.
 
 A line may also carry "verify": "<session>": a re-measurement at the end of tuning,
 where a task's best configs and its fallback ran in interleaved rounds (one line per
@@ -17,6 +19,8 @@ where a workload has no session.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import json
 import math
@@ -24,7 +28,7 @@ import os
 import statistics
 import time
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -126,18 +130,38 @@ class Record(Timed):
             raise ValueError(f"missing fields {missing}")
         if data["version"] != RECORD_VERSION:
             raise ValueError(f"version {data['version']!r}")
-        if not isinstance(data["costs_s"], list) or not all(
-                isinstance(c, int | float) for c in data["costs_s"]):
-            raise ValueError("costs_s must be a list of numbers")
-        if not isinstance(data["workload"], dict) or not isinstance(data["config"], dict):
-            raise ValueError("workload and config must be objects")
+        if not isinstance(data["costs_s"], list):
+            raise ValueError("costs_s must be a list of seconds")
+        costs = [_finite(c, "costs_s") for c in data["costs_s"]]
+        if not all(c > 0 for c in costs):
+            raise ValueError("costs_s must be positive seconds")
+        timestamp = _finite(data.get("timestamp") or 0, "timestamp")
+        if not all(isinstance(data[k], dict) for k in ("target", "workload", "config")):
+            raise ValueError("target, workload and config must be objects")
+        if not isinstance(data.get("host") or {}, dict):
+            raise ValueError("host must be an object")
+        if data["error"] is not None and not isinstance(data["error"], str):
+            raise ValueError("error must be null or a message")
         verify = data.get("verify")
         if verify is not None and not isinstance(verify, str):
             raise ValueError("verify must be a session name")
-        return cls(data["target"], data["workload"], data["config"],
-                   [float(c) for c in data["costs_s"]], data["error"],
-                   float(data.get("timestamp") or 0), data.get("host"),
-                   str(data.get("tecc", "")), str(data.get("tvm", "")), verify)
+        return cls(data["target"], data["workload"], data["config"], costs, data["error"],
+                   timestamp, data.get("host"), str(data.get("tecc", "")),
+                   str(data.get("tvm", "")), verify)
+
+
+def _finite(value: Any, field: str) -> float:
+    """A record's number as a finite float (a bool, a string or an integer too large for
+    a float is no number here: such a line is broken, not a winner)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{field} must hold numbers")
+    try:
+        number = float(value)
+    except OverflowError:
+        raise ValueError(f"{field} holds a number too large") from None
+    if not math.isfinite(number):
+        raise ValueError(f"{field} must be finite")
+    return number
 
 
 class RecordWriter:
@@ -147,6 +171,9 @@ class RecordWriter:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open
+        if not _ends_a_line(self.path):
+            # a torn last line (a write cut mid-line): the next record starts a new one
+            self._file.write("\n")
         self._host = host_info()
         self._versions = (tecc_version, tvm_version)
 
@@ -168,6 +195,40 @@ class RecordWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class RecordsBusyError(RuntimeError):
+    """Another tuning run holds the records file."""
+
+
+@contextlib.contextmanager
+def records_lock(path: str | os.PathLike) -> Iterator[None]:
+    """Hold an advisory lock (flock) on a records file for a tuning run: a second run
+    on the same file would measure the same configs again. Released when the run
+    ends, also when it is killed (the kernel drops the lock with the process)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as held:
+        try:
+            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RecordsBusyError(
+                f"another tuning run is writing {path}: wait for it to finish, or tune "
+                "into another records file (--records) and merge them with "
+                "`tecc records merge`") from None
+        try:
+            yield
+        finally:
+            fcntl.flock(held, fcntl.LOCK_UN)
+
+
+def _ends_a_line(path: Path) -> bool:
+    """Whether `path` is empty or ends with a newline."""
+    with open(path, "rb") as f:
+        if f.seek(0, os.SEEK_END) == 0:
+            return True
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) == b"\n"
 
 
 def _record_files(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> list[Path]:
@@ -197,7 +258,7 @@ def load_records(paths: str | os.PathLike | Sequence[str | os.PathLike],
                     continue
                 try:
                     records.append(Record.from_json(json.loads(line)))
-                except (ValueError, TypeError, AttributeError):
+                except (ValueError, TypeError, AttributeError, OverflowError):
                     skipped[str(path)] = skipped.get(str(path), 0) + 1
     total = sum(skipped.values())
     if total and warn:
@@ -260,10 +321,15 @@ class RecordDatabase:
     """The config to use per (workload, target), for compile time: from the latest
     verification session when there is one, else the best single measurement."""
 
-    def __init__(self, records: Iterable[Record] = ()) -> None:
+    def __init__(self, records: Iterable[Record] = (),
+                 valid: Callable[[Record], bool] | None = None) -> None:
+        """`valid(record)`: whether a record's config may be used (a point of its
+        template's config space); the others are skipped, `invalid` lists them."""
         self._exact: dict[tuple[str, str], list[Record]] = {}
         self._family: dict[tuple[str, str], list[Record]] = {}
+        self._valid = valid
         self.count = 0
+        self.invalid: list[Record] = []
         for r in records:
             self.add(r)
 
@@ -279,6 +345,9 @@ class RecordDatabase:
         self.count += 1
         if not record.ok and record.verify is None:
             return  # a failed round still counts against its config in a session
+        if self._valid is not None and not self._valid(record):
+            self.invalid.append(record)
+            return
         self._exact.setdefault((record.key, exact_target_key(record.target)), []).append(record)
         self._family.setdefault((record.key, isa_family(record.target)), []).append(record)
 

@@ -30,7 +30,14 @@ from typing import Any
 import numpy as np
 from tecc.autotune.builder import Builder, LocalBuilder, remove_built
 from tecc.autotune.measure import MeasureInput, measure_batch, record_of, run_built
-from tecc.autotune.records import Record, RecordWriter, exact_target_key, load_records, workload_key
+from tecc.autotune.records import (
+    Record,
+    RecordWriter,
+    exact_target_key,
+    load_records,
+    records_lock,
+    workload_key,
+)
 from tecc.autotune.runner import LocalRunner, Runner
 from tecc.autotune.transfer import TransferSource
 from tecc.autotune.tuner import Tuner, make_tuner
@@ -168,8 +175,22 @@ def tune_tasks(
         raise ValueError(f"unknown scheduler {scheduler!r}; choose one of {SCHEDULERS}")
     if not tasks:
         return []
+    with records_lock(records):
+        return _tune_locked(tasks, weights, Path(records), trials, tuner, batch_size,
+                            early_stopping, timeout_s, seed, progress, tecc_version,
+                            tvm_version, runner_options, verify_top, verify_rounds,
+                            transfer, scheduler, on_batch, cache_flush)
+
+
+def _tune_locked(tasks: Sequence[Any], weights: Sequence[int], path: Path, trials: int,
+                 tuner: str, batch_size: int, early_stopping: int | None, timeout_s: float,
+                 seed: int, progress: bool, tecc_version: str, tvm_version: str,
+                 runner_options: dict[str, Any] | None, verify_top: int, verify_rounds: int,
+                 transfer: bool | str | Path | Sequence[str | Path], scheduler: str,
+                 on_batch: Callable[[Sequence[TaskState], int], None] | None,
+                 cache_flush: bool) -> list[TaskState]:
+    """tune_tasks with the records file locked."""
     target = tasks[0].target
-    path = Path(records)
     earlier = load_records(path)[0] if path.exists() else []
     states = [TaskState(t, w, make_tuner(tuner, t, seed), estimate_flops(t))
               for t, w in zip(tasks, weights, strict=True)]

@@ -42,15 +42,19 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 def cmd_tune(args: argparse.Namespace) -> int:
     import tecc
+    from tecc.autotune.records import RecordsBusyError
 
     model, example_inputs = load_model_spec(args.model)
-    states = tecc.tune(model, example_inputs, target=args.target, records=args.records,
-                       trials=args.trials, timeout=args.timeout, tuner=args.tuner,
-                       early_stopping=args.early_stopping or None, plot=args.plot,
-                       verify_top=args.verify_top, verify_rounds=args.verify_rounds,
-                       winograd=not args.no_winograd,
-                       transfer=False if args.no_transfer else (args.transfer or True),
-                       cache_flush=args.cache_flush)
+    try:
+        states = tecc.tune(model, example_inputs, target=args.target, records=args.records,
+                           trials=args.trials, timeout=args.timeout, tuner=args.tuner,
+                           early_stopping=args.early_stopping or None, plot=args.plot,
+                           verify_top=args.verify_top, verify_rounds=args.verify_rounds,
+                           winograd=not args.no_winograd,
+                           transfer=False if args.no_transfer else (args.transfer or True),
+                           cache_flush=args.cache_flush)
+    except RecordsBusyError as err:
+        raise SystemExit(f"tecc tune: {err}") from None
     print(f"{'task':28s} {'calls':>5s} {'trials':>6s} {'best GFLOP/s':>12s}")
     for s in states:
         print(f"{s.task.name:28s} {s.weight:5d} {s.trials:6d} {s.best_gflops:12.1f}")

@@ -10,6 +10,9 @@ the PassContext by `callbacks()`) and the scheduler's with the record database
   - dense_block(dense call, lanes) for graph_opt's pack_dense_weights: the packing
     block (tile_n) of the tuned config, else the dense template's fallback;
   - config(workload) for schedules.lower: the tuned config JSON and its source.
+A record whose config is not a point of its template's config space (a knob value
+not among the knob's options, as JSON types them) is never chosen: the next-best
+valid record is, and one warning counts the skipped ones.
 """
 
 from __future__ import annotations
@@ -23,12 +26,23 @@ from typing import Any
 
 import tvm
 
-from tecc.autotune.records import Choice, RecordDatabase, _record_files, workload_key
+from tecc.autotune.records import (
+    Choice,
+    Record,
+    RecordDatabase,
+    _record_files,
+    isa_family,
+    load_records,
+    workload_key,
+)
 from tecc.frontend.ir import Call
 from tecc.graph_opt.layout import WINOGRAD_DEFAULT_TILE, default_winograd_tile, winograd_eligible
 from tecc.graph_opt.pass_manager import TuningCallbacks
+from tecc.schedules.space import ConfigSpace
+from tecc.schedules.tasks import CONV_TEMPLATES
+from tecc.schedules.template import templates_for
 from tecc.schedules.templates_conv import CONV2D, DEPTHWISE, WINOGRAD, conv_blocks, conv_workload
-from tecc.schedules.templates_dense import DENSE, dense_pack_block
+from tecc.schedules.templates_dense import DENSE, DenseLikeTemplate, dense_pack_block
 from tecc.target import TargetInfo, target_info
 
 RecordsArg = str | os.PathLike | Sequence[str | os.PathLike] | None
@@ -47,13 +61,27 @@ class TuningContext:
                  winograd: bool = True) -> None:
         self.given = bool(records)
         self.winograd = winograd
-        self.db = RecordDatabase.load(records) if records else RecordDatabase()
         self.target: TargetInfo = target_info(target)
         self.target_json = self.target.to_json()
         self.lanes = self.target.vector_lanes() if self.target.is_cpu else 0
+        self._spaces: dict[str, list[ConfigSpace] | None] = {}
+        self.db = RecordDatabase(load_records(records, warn=True)[0] if records else (),
+                                 valid=self._in_space)
+        warn_outside_space(self.db.invalid)
         self.cores = self.target.cores
         self.digest = records_digest(records) if records else None
         self._chosen: dict[str, list[Choice]] = {}
+
+    def _in_space(self, record: Record) -> bool:
+        """Whether a record's config is a point of its template's space here (records
+        of other ISA levels are never chosen for this target: not checked)."""
+        if isa_family(record.target) != self.target.isa_level:
+            return True
+        key = record.key
+        if key not in self._spaces:
+            self._spaces[key] = config_spaces(record.workload, self.target.kind, self.lanes)
+        spaces = self._spaces[key]
+        return spaces is None or any(config_in_space(space, record.config) for space in spaces)
 
     def choose(self, workload: dict[str, Any]):
         return self.db.choose(workload, self.target_json)
@@ -128,6 +156,53 @@ class TuningContext:
         if choice.config is None:
             return None
         return choice.config, choice.source
+
+
+def config_spaces(workload: dict[str, Any], target_kind: str, lanes: int
+                  ) -> list[ConfigSpace] | None:
+    """The config spaces a workload's template may have for a target of `lanes`
+    float32 lanes (a dense-like template's packing knob depends on the anchor kind,
+    which the workload leaves out: both); None where the space needs the kernel
+    itself (the scheduler's own check applies then) or the workload is malformed."""
+    template = templates_for(target_kind).get(str(workload.get("template")))
+    if template is None or lanes <= 0:
+        return None
+    try:
+        if isinstance(template, DenseLikeTemplate):
+            m, n, k = template.mnk_of_workload(workload)
+            kinds = {template.pack_choice_kinds[0] if template.pack_choice_kinds else "", ""}
+            return [template.space_for(m, n, k, lanes, kind) for kind in sorted(kinds)]
+        if template.name in CONV_TEMPLATES:
+            return [template.space_for(workload, lanes)]
+    except (KeyError, TypeError, ValueError, IndexError, ZeroDivisionError):
+        return None
+    return None
+
+
+def config_in_space(space: ConfigSpace, config: dict[str, Any]) -> bool:
+    """Whether `config` (JSON) gives every knob of `space` one of its options, with
+    the option's type (1.5, true or "8" is no block size of 8)."""
+    return all(knob.name in config and any(_same_value(config[knob.name], option)
+                                           for option in knob.options)
+               for knob in space.knobs)
+
+
+def _same_value(value: Any, option: Any) -> bool:
+    if isinstance(option, tuple):
+        return (isinstance(value, list | tuple) and len(value) == len(option)
+                and all(map(_same_value, value, option)))
+    return type(value) is type(option) and value == option
+
+
+def warn_outside_space(records: Sequence[Record]) -> None:
+    """One warning for the records whose configs are outside their templates' spaces."""
+    if not records:
+        return
+    templates = sorted({str(r.workload.get("template")) for r in records})
+    warnings.warn(f"skipped {len(records)} tuning record(s) whose config is outside its "
+                  f"template's config space (templates {', '.join(templates)}): a knob "
+                  "value not among its options; the next-best valid record is used. "
+                  "Re-tune these workloads or remove the lines.", stacklevel=4)
 
 
 def records_digest(records: RecordsArg) -> str:

@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tecc.canonical import canonical_json
+
 # This module imports no TVM (tecc.runtime included): the measuring side imports it
 # with the TVM runtime only, so target facts are imported where they are needed.
 
@@ -42,7 +44,7 @@ REQUIRED = ("version", "target", "workload", "config", "costs_s", "error")
 
 def workload_key(workload: dict[str, Any]) -> str:
     """Canonical JSON of a workload: the same string for the same layer anywhere."""
-    return json.dumps(workload, sort_keys=True, separators=(",", ":"))
+    return canonical_json(workload)
 
 
 def isa_family(target: dict[str, Any]) -> str:
@@ -67,7 +69,7 @@ def _isa_family(kind: str | None, mcpu: str | None, arch: str | None,
 
 def exact_target_key(target: dict[str, Any]) -> str:
     keys = ("kind", "mcpu", "arch", "num-cores")
-    return json.dumps({k: target.get(k) for k in keys}, sort_keys=True)
+    return canonical_json({k: target.get(k) for k in keys})
 
 
 def host_info() -> dict[str, Any]:
@@ -112,7 +114,7 @@ class Record(Timed):
 
     @property
     def config_key(self) -> str:
-        return json.dumps(self.config, sort_keys=True)
+        return canonical_json(self.config)
 
     def to_json(self) -> dict[str, Any]:
         data = {"version": RECORD_VERSION, "target": self.target, "workload": self.workload,
@@ -183,7 +185,7 @@ class RecordWriter:
         record.host = record.host or self._host
         record.tecc = record.tecc or self._versions[0]
         record.tvm = record.tvm or self._versions[1]
-        self._file.write(json.dumps(record.to_json(), sort_keys=True) + "\n")
+        self._file.write(canonical_json(record.to_json()) + "\n")
         self._file.flush()
         os.fsync(self._file.fileno())
 
@@ -231,7 +233,7 @@ def _ends_a_line(path: Path) -> bool:
         return f.read(1) == b"\n"
 
 
-def _record_files(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> list[Path]:
+def record_files(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> list[Path]:
     if isinstance(paths, str | os.PathLike):
         paths = [paths]
     files: list[Path] = []
@@ -251,7 +253,7 @@ def load_records(paths: str | os.PathLike | Sequence[str | os.PathLike],
     skipped as broken (one warning says how many and where)."""
     records: list[Record] = []
     skipped: dict[str, int] = {}
-    for path in _record_files(paths):
+    for path in record_files(paths):
         with open(path, encoding="utf-8", errors="replace") as f:
             for line in f:
                 if not line.strip():

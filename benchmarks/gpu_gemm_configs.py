@@ -20,7 +20,7 @@ from tecc.frontend.ir import Call, Function, post_order  # noqa: E402
 from tecc.schedules.gpu_templates import TILES, tile_name  # noqa: E402
 from tecc.schedules.lower import lower_primitive  # noqa: E402
 
-from tecc.api import _graph  # noqa: E402
+from tecc.api import fused_graph  # noqa: E402
 from tecc.cuda_toolchain import compile_cuda  # noqa: E402
 
 
@@ -38,7 +38,7 @@ def main() -> None:
     for shape in args.shapes.split(","):
         m, n, k = (int(v) for v in shape.split("x"))
         a, b = torch.randn(m, k), torch.randn(k, n)
-        _, part, _, _, target = _graph(MatMul(), (a, b), "cuda", 3, None, None, {})
+        _, part, _, _, target = fused_graph(MatMul(), (a, b), "cuda", 3, None, None, {})
         prim_fn = next(c.op for c in post_order(part.body)
                        if isinstance(c, Call) and isinstance(c.op, Function))
         args_dev = [tvm.runtime.tensor(a.numpy(), dev), tvm.runtime.tensor(b.numpy(), dev),

@@ -56,7 +56,7 @@ from benchmarks.common import (  # noqa: E402
     interleaved_ms,
     write_table,
 )
-from tecc.api import _graph, task_weights  # noqa: E402
+from tecc.api import fused_graph, task_weights  # noqa: E402
 
 BATCH = 16
 WORK = Path(__file__).resolve().parent / ".work" / "scheduler"
@@ -160,7 +160,7 @@ def main() -> None:
         return
     torch.set_num_threads(2)
     model, inputs = getattr(models, args.model)()
-    _, partitioned, _, _, target = _graph(model, inputs, "llvm", 3, None, None, {})
+    _, partitioned, _, _, target = fused_graph(model, inputs, "llvm", 3, None, None, {})
     tasks = extract_tasks(partitioned, target)
     weights = task_weights(partitioned, target, tasks)
     run_name = f"{args.model}@{args.trials}/interleaved"

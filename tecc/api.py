@@ -131,10 +131,10 @@ def import_model(model: torch.nn.Module | str | os.PathLike,
     return from_torch(model, example_inputs)
 
 
-def _graph(model: Any, example_inputs: Sequence[Any] | None, target: str, opt_level: int,
-           print_after: Sequence[str] | None, records: RecordsArg,
-           timings: dict[str, float], winograd: bool = True
-           ) -> tuple[ImportedModel, Function, TuningContext, PassTrace, TargetInfo]:
+def fused_graph(model: Any, example_inputs: Sequence[Any] | None, target: str, opt_level: int,
+                print_after: Sequence[str] | None, records: RecordsArg,
+                timings: dict[str, float], winograd: bool = True
+                ) -> tuple[ImportedModel, Function, TuningContext, PassTrace, TargetInfo]:
     """Import, optimize and partition into kernels: the graph that compile builds and
     tune tunes, by one pipeline in one PassContext."""
     start = time.perf_counter()
@@ -189,7 +189,7 @@ def tune(
     if plot:  # before tuning: a missing matplotlib found after hours of it is no help
         require_plotting()
     timings: dict[str, float] = {}
-    _, partitioned, _, _, info = _graph(model, example_inputs, target, 3, None, None,
+    _, partitioned, _, _, info = fused_graph(model, example_inputs, target, 3, None, None,
                                         timings, winograd)
     tasks = extract_tasks(partitioned, info.tvm_target)
     weights = task_weights(partitioned, info.tvm_target, tasks)
@@ -244,7 +244,7 @@ def compile(  # noqa: A001 - the natural name, as torch.compile
     direct: Winograd's transformed 3x3 kernels are 1.8-4x the size of the originals
     (ResNet-18's package: 97 MB instead of 47 MB with the direct convs)."""
     timings: dict[str, float] = {}
-    imported, partitioned, tuning, trace, info = _graph(
+    imported, partitioned, tuning, trace, info = fused_graph(
         model, example_inputs, target, opt_level, print_after, records, timings, winograd)
     result = build(partitioned, info, [s.name for s in imported.inputs],
                    [s.name for s in imported.outputs], imported.output_structure,

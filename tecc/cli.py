@@ -67,6 +67,7 @@ def cmd_records(args: argparse.Namespace) -> int:
     import json
 
     from tecc.autotune.records import best_records, exact_target_key, isa_family, load_records
+    from tecc.canonical import canonical_json
 
     records, skipped = load_records(args.files)
     if args.action == "show":
@@ -89,7 +90,7 @@ def cmd_records(args: argparse.Namespace) -> int:
         records = best_records(records)
     with open(args.output, "w", encoding="utf-8") as f:
         for r in records:
-            f.write(json.dumps(r.to_json(), sort_keys=True) + "\n")
+            f.write(canonical_json(r.to_json()) + "\n")
     print(f"wrote {len(records)} records to {args.output}")
     return 0
 

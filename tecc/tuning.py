@@ -30,9 +30,9 @@ from tecc.autotune.records import (
     Choice,
     Record,
     RecordDatabase,
-    _record_files,
     isa_family,
     load_records,
+    record_files,
     workload_key,
 )
 from tecc.frontend.ir import Call
@@ -208,7 +208,7 @@ def warn_outside_space(records: Sequence[Record]) -> None:
 def records_digest(records: RecordsArg) -> str:
     """sha256 over the record files' bytes (in path order)."""
     h = hashlib.sha256()
-    for path in _record_files(records):  # type: ignore[arg-type]
+    for path in record_files(records):  # type: ignore[arg-type]
         h.update(Path(path).read_bytes())
     return h.hexdigest()
 

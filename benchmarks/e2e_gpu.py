@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import tecc  # noqa: E402
 from benchmarks.common import RESULTS, write_table  # noqa: E402
 from tests.models import MLP, MobileNetV2, bert_encoder, resnet18  # noqa: E402
-from tests.util import max_rel_error  # noqa: E402
+from tests.util import max_rel_error, to_cpu  # noqa: E402
 
 STORE = RESULTS / "e2e_gpu.json"
 COMPETITORS = ("eager", "compile", "reduce-overhead", "tecc")
@@ -104,7 +104,7 @@ def run_model(name: str, batch: int, competitors: list[str]) -> dict:
     start = time.perf_counter()
     cm = tecc.compile(model, cpu_inputs, target="cuda")
     compile_s["tecc"] = time.perf_counter() - start
-    error = max_rel_error(_cpu(cm(*inputs)), expected)
+    error = max_rel_error(to_cpu(cm(*inputs)), expected)
     fns["tecc"] = lambda: cm(*inputs)
     with torch.no_grad():
         times = cuda_ms(fns)
@@ -116,15 +116,6 @@ def run_model(name: str, batch: int, competitors: list[str]) -> dict:
             "kernel_calls": len(cm.plan["kernels"]), "max_rel_err": error,
             "device": torch.cuda.get_device_name(), "slowest_kernels_ms": top}
 
-
-def _cpu(value):
-    if isinstance(value, torch.Tensor):
-        return value.cpu()
-    if isinstance(value, dict):
-        return {k: _cpu(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return type(value)(_cpu(v) for v in value)
-    return value
 
 
 def run_gemm(n: int) -> dict:

@@ -22,7 +22,7 @@ from tecc.target import resolve_target
 from tests.test_models import TOLERANCE
 from tests.test_models import make as make_model
 from tests.test_ops import CASES, build_case
-from tests.util import assert_close, max_rel_error
+from tests.util import assert_close, max_rel_error, to_cpu
 
 
 def _gpu() -> bool:
@@ -80,23 +80,14 @@ def test_model_builds_for_cuda_and_matches_torch(name, tmp_path):
         compiled._executor = None
         for _ in range(3):  # the warm-up run, the capture, a replay
             got = compiled(*_on_gpu(inputs))
-        error = max_rel_error(_to_cpu(got), expected)
+        error = max_rel_error(to_cpu(got), expected)
         assert error < TOLERANCE[name], f"{name}, graph {graph}: max relative error {error:.2e}"
     if name != "bert":
         fresh = tuple(torch.randn_like(x) for x in inputs)
         with torch.no_grad():
-            assert_close(_to_cpu(compiled(*_on_gpu(fresh))), model(*fresh),
+            assert_close(to_cpu(compiled(*_on_gpu(fresh))), model(*fresh),
                          rtol=TOLERANCE[name] * 10, atol=TOLERANCE[name])
 
-
-def _to_cpu(value):
-    if isinstance(value, torch.Tensor):
-        return value.cpu()
-    if isinstance(value, dict):
-        return {k: _to_cpu(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return type(value)(_to_cpu(v) for v in value)
-    return value
 
 
 def test_package_records_the_arch_and_runs_only_on_it(tmp_path):

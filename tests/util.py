@@ -14,6 +14,17 @@ def flatten(value) -> list:
     return [value]
 
 
+def to_cpu(value):
+    """`value` (a tensor, or dicts, lists and tuples of them) with its tensors on the CPU."""
+    if isinstance(value, torch.Tensor):
+        return value.cpu()
+    if isinstance(value, dict):
+        return {k: to_cpu(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(to_cpu(v) for v in value)
+    return value
+
+
 def max_rel_error(got, expected) -> float:
     """max |got - expected| / max |expected| over all outputs."""
     worst = 0.0

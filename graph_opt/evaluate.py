@@ -12,12 +12,25 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from types import MappingProxyType
+from typing import Any
 
 import numpy as np
-from tecc.frontend.ir import Attrs, TensorType, TupleType, Type
+from tecc.frontend.ir import (
+    Attrs,
+    Call,
+    Constant,
+    Function,
+    TensorType,
+    Tuple,
+    TupleGetItem,
+    TupleType,
+    Type,
+    post_order,
+)
 from tecc.frontend.ops import OPS, Evaluator, NotFoldable
 
-__all__ = ["EVALUATORS", "Evaluator", "NotFoldable", "evaluate_call", "has_evaluator"]
+__all__ = ["EVALUATORS", "Evaluator", "NotFoldable", "evaluate_call", "evaluate_function",
+           "has_evaluator"]
 
 # op name -> evaluator, for every op that has one
 EVALUATORS: Mapping[str, Evaluator] = MappingProxyType({
@@ -55,3 +68,28 @@ def _conform(value: np.ndarray, ty: Type) -> np.ndarray:
     if value.shape != ty.shape:  # e.g. a 0-d numpy scalar for a (1,) type
         value = np.broadcast_to(value, ty.shape)
     return np.array(value, order="C")  # (np.ascontiguousarray would make a 0-d array 1-d)
+
+
+def evaluate_function(func: Function, inputs: list[np.ndarray]) -> list[np.ndarray] | None:
+    """The outputs of `func` on `inputs`, evaluated op by op with the ops'
+    evaluators; None when one of its ops has no evaluator."""
+    env: dict[int, Any] = {id(p): np.asarray(x) for p, x in zip(func.params, inputs,
+                                                                   strict=True)}
+    for node in post_order(func.body):
+        if id(node) in env:
+            continue
+        if isinstance(node, Constant):
+            env[id(node)] = node.data
+        elif isinstance(node, Call) and isinstance(node.op, str):
+            value = evaluate_call(node.op, [env[id(a)] for a in node.args], node.attrs, node.ty)
+            if value is None:
+                return None
+            env[id(node)] = value
+        elif isinstance(node, Tuple):
+            env[id(node)] = [env[id(f)] for f in node.fields]
+        elif isinstance(node, TupleGetItem):
+            env[id(node)] = env[id(node.tuple_value)][node.index]
+        else:
+            return None
+    result = env[id(func.body)]
+    return list(result) if isinstance(result, list) else [result]

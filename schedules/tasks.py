@@ -30,16 +30,13 @@ import numpy as np
 import tvm
 from tecc.frontend.ir import (
     Call,
-    Constant,
     Function,
     TensorType,
-    Tuple,
-    TupleGetItem,
     Var,
     post_order,
 )
 from tecc.graph_opt.dense_pack import pack_dense_weight
-from tecc.graph_opt.evaluate import evaluate_call
+from tecc.graph_opt.evaluate import evaluate_call, evaluate_function
 from tecc.graph_opt.layout import (
     layout_name,
     pack_conv_weight,
@@ -347,28 +344,4 @@ def resolve(target: Any) -> tvm.target.Target:
         return resolve_target(target)
     return _as_target(target)
 
-
-def evaluate_function(func: Function, inputs: list[np.ndarray]) -> list[np.ndarray] | None:
-    """The outputs of `func` on `inputs`, evaluated op by op in numpy
-    (graph_opt.evaluate); None when one of its ops has no evaluator."""
-    env: dict[int, Any] = {id(p): np.asarray(x) for p, x in zip(func.params, inputs,
-                                                                   strict=True)}
-    for node in post_order(func.body):
-        if id(node) in env:
-            continue
-        if isinstance(node, Constant):
-            env[id(node)] = node.data
-        elif isinstance(node, Call) and isinstance(node.op, str):
-            value = evaluate_call(node.op, [env[id(a)] for a in node.args], node.attrs, node.ty)
-            if value is None:
-                return None
-            env[id(node)] = value
-        elif isinstance(node, Tuple):
-            env[id(node)] = [env[id(f)] for f in node.fields]
-        elif isinstance(node, TupleGetItem):
-            env[id(node)] = env[id(node.tuple_value)][node.index]
-        else:
-            return None
-    result = env[id(func.body)]
-    return list(result) if isinstance(result, list) else [result]
 

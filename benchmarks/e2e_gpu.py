@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.append(str(Path(__file__).resolve().parents[1]))
 
 import tecc  # noqa: E402
 from benchmarks.common import RESULTS, write_table  # noqa: E402
@@ -110,7 +110,13 @@ def run_model(name: str, batch: int, competitors: list[str]) -> dict:
         times = cuda_ms(fns)
     # where tecc's time goes: each kernel call synchronized (launch overhead included)
     per_kernel = sorted(cm._executor.profile(*inputs, repeat=10), key=lambda r: -r[1])
-    top = [[k, round(sec * 1e3, 4)] for k, sec in per_kernel[:8]]
+    used = {}
+    for task in cm.tasks():
+        config = task["config"] or {}
+        for kernel in task["kernels"]:
+            used[kernel] = (f"{task['template']} {config.get('rule', '')} "
+                            f"{config.get('tile', '')} {task['workload_key'][:90]}")
+    top = [[k, round(sec * 1e3, 4), used.get(k, "")] for k, sec in per_kernel[:10]]
     print(f"slowest kernels (ms): {top}", flush=True)
     return {"model": name, "batch": batch, "ms": times, "compile_s": compile_s,
             "kernel_calls": len(cm.plan["kernels"]), "max_rel_err": error,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.append(str(Path(__file__).resolve().parents[1]))
 
 import tecc  # noqa: E402
 from benchmarks.common import host_line, interleaved_ms, write_table  # noqa: E402

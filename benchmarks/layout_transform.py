@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.append(str(Path(__file__).resolve().parents[1]))
 
 import tvm  # noqa: E402
 from tecc.frontend.ir import Call, Function, TensorType, Var  # noqa: E402

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.append(str(Path(__file__).resolve().parents[1]))
 
 from tecc.autotune.builder import LocalBuilder  # noqa: E402
 from tecc.autotune.measure import MeasureInput, measure_batch  # noqa: E402

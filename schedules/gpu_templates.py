@@ -1,19 +1,22 @@
 """GPU schedule templates (target kind "cuda").
 
-dense / matmul / batch_matmul (and their _nt forms): thread-block tiles staged
-through shared memory, a register tile per thread (micro tile, optionally split over
-virtual threads so that a warp's shared-memory reads fall in distinct banks),
-vectorized cooperative loads, the epilogue fused on the register tile; the schedule
-is TVM's dlight Matmul rule run with the config the knobs pick (it normalizes any
-dense-like block to C[b, i, j] += A[b, i, k] * B[b, j, k] and pads the edges). A
-matrix-vector product (M = 1) or a short batch (M <= 16) takes dlight's GEMV /
-LowBatchGEMV instead (a split of K across the threads of a block), as a knob.
+dense / matmul / batch_matmul (and their _nt forms), and NCHW conv2d as an implicit
+GEMM, are scheduled by one of these rules (a knob):
+- "simt" (gpu_matmul.py, the fallback for M > 16): block tiles staged k-major
+  through shared memory with loads along each operand's contiguous axis, register
+  fragments and an outer product per thread, optionally double-buffered;
+- "tiled": TVM's dlight Matmul rule run with the knobs' tile (kept for comparison
+  and as a second choice: 0.46x cuBLAS on 1024^3 where simt reaches 0.67x);
+- "gemv" / "low_batch_gemv": dlight's GEMV rules for M = 1 or M <= 16 (K split
+  across the threads of a block).
 
 The fallback config picks the largest block tile that still gives about one block
 per multiprocessor (at least 90% of them) without padding the matrix by more than a
-third: on the H200 (fp32, TF32 off) that picked the best of these tiles for 1024^3
-(17.6 TFLOP/s, cuBLAS 37.5), 4096^3 (21.1; 51.2) and 128x768x768 (7.7; 9.0), and one
-within 15% of the best for 128x3072x768 (8.6 against 10.2; cuBLAS 25.7).
+third; a small grid of small tiles over a long k loop (ResNet-18's late convs at
+batch 1) gets longer, double-buffered k steps. Measured on the H200 (fp32, TF32 off,
+benchmarks/gpu_gemm_configs.py): the fallback does 26.2 TFLOP/s on 1024^3 (cuBLAS
+37.6; the best simt config 28.5), 38.2 on 4096^3 (51.4; best 40.8) and 6.7 on
+128x768x768 (cuBLAS 6.3).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import math
 from typing import Any
 
 import tvm
+from tecc.schedules.gpu_matmul import schedule_simt_matmul
 from tecc.schedules.space import Config, ConfigSpace
 from tecc.schedules.template import ScheduleContext, Template, get_template, register_template
 from tvm.s_tir.schedule import Schedule
@@ -39,7 +43,14 @@ TILES: tuple[tuple[int, int, int, int, int, int], ...] = (
     (8, 8, 1, 1, 4, 4),    # 32 x 32
     (8, 8, 1, 1, 2, 2),    # 16 x 16
 )
-RULES = ("tiled", "gemv", "low_batch_gemv")
+RULES = ("simt", "tiled", "gemv", "low_batch_gemv")
+# How the simt rule's k loop stages its tiles through shared memory: "none" (load,
+# sync, compute, sync) or "double" (two buffers: the next tile's loads are issued
+# before this tile's compute, one sync per step). TVM's cp.async path does not take
+# the k-major (transposed) store of A: it fails to build or faults with a misaligned
+# address on the H200, so it is not offered.
+PIPELINES = ("none", "double")
+MICRO_K = (8, 16, 32, 64)
 MAX_PADDING = 4 / 3
 
 
@@ -79,12 +90,17 @@ class GpuMatmulTemplate(Template):
         return cpu.workload(call, kind) if cpu is not None else super().workload(call, kind)
 
     def define_space(self, ctx: ScheduleContext) -> ConfigSpace:
+        return self.matmul_space(RULES)
+
+    @staticmethod
+    def matmul_space(rules: tuple[str, ...]) -> ConfigSpace:
         space = ConfigSpace()
-        space.define_choice("rule", list(RULES))
+        space.define_choice("rule", list(rules))
         space.define_choice("tile", [tile_name(t) for t in TILES])
-        space.define_choice("micro_k", [8, 16])
+        space.define_choice("micro_k", list(MICRO_K))
         space.define_choice("vector", [1, 2, 4])
         space.define_choice("unroll", [64, 256])
+        space.define_choice("pipeline", list(PIPELINES))
         return space
 
     def dims(self, ctx: ScheduleContext) -> tuple[int, int, int, int]:
@@ -93,7 +109,7 @@ class GpuMatmulTemplate(Template):
     def fallback(self, space: ConfigSpace, ctx: ScheduleContext) -> Config:
         batch, m, n, k = self.dims(ctx)
         sms = target_info(ctx.target).multiprocessors or 108
-        rule = "gemv" if m == 1 and batch == 1 else "low_batch_gemv" if m <= 16 else "tiled"
+        rule = "gemv" if m == 1 and batch == 1 else "low_batch_gemv" if m <= 16 else "simt"
         tile = TILES[-1]
         for candidate in TILES:
             tm, tn = tile_shape(candidate)
@@ -103,9 +119,19 @@ class GpuMatmulTemplate(Template):
                 tile = candidate
                 break
         vector = 4 if k % 4 == 0 and n % 4 == 0 else 2 if k % 2 == 0 and n % 2 == 0 else 1
-        return space.from_json({"rule": rule, "tile": tile_name(tile),
-                                "micro_k": 16 if k >= 64 else 8,
-                                "vector": vector, "unroll": 256})
+        micro_k, pipeline = 16 if k >= 64 else 8, "none"
+        tm, tn = tile_shape(tile)
+        blocks = batch * -(-m // tm) * -(-n // tn)
+        if blocks < 2 * sms and tm * tn <= 32 * 64 and k >= 256:
+            # A small grid with a long k loop is bound by each step's load latency
+            # (ResNet-18's 7x7 convs at batch 1: 288 steps of 16): fewer, longer steps,
+            # the next one's loads in flight, within the shared memory of a block.
+            smem = target_info(ctx.target).max_shared_memory_per_block or 49152
+            micro_k, pipeline = 64 if k >= 1024 else 32, "double"
+            while micro_k > 16 and 2 * micro_k * (tm + tn + 8) * 4 > smem:
+                micro_k //= 2
+        return space.from_json({"rule": rule, "tile": tile_name(tile), "micro_k": micro_k,
+                                "vector": vector, "unroll": 256, "pipeline": pipeline})
 
     def apply(self, ctx: ScheduleContext, config: Config) -> Schedule:
         import tvm.s_tir.dlight as dl
@@ -119,6 +145,10 @@ class GpuMatmulTemplate(Template):
                 result = dl.gpu.LowBatchGEMV().apply(func, ctx.target, False)
             else:
                 result = None
+            if rule == "simt":
+                tile = tuple(int(v) for v in config["tile"].split(","))
+                result = schedule_simt_matmul(func, tile, config["micro_k"], config["vector"],
+                                              config["unroll"], config["pipeline"])
             if result is None:  # the GEMV rules refuse some forms: the tiled one then
                 result = _ConfiguredMatmul(config).apply(func, ctx.target, False)
         if result is None:
@@ -164,13 +194,11 @@ class GpuConvTemplate(GpuMatmulTemplate):
         return 1, n * oh * ow, oc, ic * kh * kw
 
     def define_space(self, ctx: ScheduleContext) -> ConfigSpace:
-        space = ConfigSpace()
-        space.define_choice("rule", ["tiled"])
-        space.define_choice("tile", [tile_name(t) for t in TILES])
-        space.define_choice("micro_k", [8, 16])
-        space.define_choice("vector", [1, 2, 4])
-        space.define_choice("unroll", [64, 256])
-        return space
+        return self.matmul_space(("simt", "tiled"))
+
+    def fallback(self, space: ConfigSpace, ctx: ScheduleContext) -> Config:
+        config = super().fallback(space, ctx).to_json()
+        return space.from_json({**config, "rule": "simt"})
 
 
 CONV2D = register_template(GpuConvTemplate("conv2d", ()))

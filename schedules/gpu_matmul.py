@@ -1,0 +1,147 @@
+"""The SIMT matmul schedule of the GPU matmul and conv templates (fp32 on CUDA cores).
+
+Any dense-like group is first normalized as dlight does, to C[S, I, J] += A[S, I, K] *
+B[S, J, K] (reindex blocks that later inline into the fetches), padded to whole
+tiles. Then, per thread block a BM x BN tile of C, per thread a register tile of
+(vm * mm) x (vn * mn) accumulators:
+
+- each step of the k loop stages a BK slice of A and of B in shared memory, stored
+  k-major (As[k][i], Bs[k][j]) so that a thread's fragment of a row of its register
+  tile is contiguous: one 128-bit shared load per 4 values; the cooperative global
+  loads run along the operand's contiguous dimension in memory (k for x @ w.T, j for
+  x @ w, the output column for conv's im2col), vectorized where that is unit-stride;
+- the fragments of A and B for one k are copied into registers, then the outer
+  product updates the accumulators (every shared value read once per thread);
+- threadIdx.x runs along J (the output's contiguous dimension: stores coalesce),
+  virtual threads spread a thread's columns by tn * mn so that a warp's fragment
+  loads fall in distinct banks;
+- the k loop is software-pipelined by the `pipeline` knob ("double": two shared
+  buffers, "async": cp.async copies on sm_80+);
+- the epilogue (bias, activation, residual) runs on the accumulators before the store.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tvm import tirx
+from tvm.s_tir import Schedule
+from tvm.s_tir.dlight.analysis import get_root_block
+from tvm.s_tir.dlight.gpu.matmul import (
+    auto_inline_consumer_chain,
+    auto_inline_producers,
+    get_index_map,
+    get_reduction_blocks,
+)
+
+
+def _contiguous_axis(sch: Schedule, block: Any, index: int) -> str | None:
+    """Whether the read `index` of the matmul block walks memory with unit stride
+    along a spatial axis ("s": i for A, j for B) or along k ("k"), from the iter vars
+    of its last index (None: a constant)."""
+    stmt = sch.get(block)
+    region = stmt.reads[index].region
+    last = region[-1].min
+    kinds = {iv.var: ("k" if iv.iter_type == tirx.IterVar.CommReduce else "s")
+             for iv in stmt.iter_vars}
+    used = {kinds[v] for v in tirx.analysis.undefined_vars(last) if v in kinds}
+    # conv's im2col reads x[.., oh * s + kh, ow * s + kw]: unit stride along ow
+    return "s" if "s" in used else "k" if used else None
+
+
+def schedule_simt_matmul(func: tirx.PrimFunc, tile: tuple[int, ...], block_k: int,
+                         vector: int, unroll: int, pipeline: str) -> Schedule | None:
+    """The schedule described in the module docstring, or None when `func` holds no
+    dense-like reduction. `tile` = (threads along I, along J, vthreads I, J,
+    micro tile I, J)."""
+    tm, tn, vm, vn, mm, mn = tile
+    sch = Schedule(func)
+    root = get_root_block(sch)
+    blocks = sch.get_child_blocks(root)
+    reductions = get_reduction_blocks(sch, blocks)
+    if reductions is None or len(reductions) != 1:
+        return None
+    main = reductions[0]
+    if not get_index_map(sch.get(main)):
+        return None
+    # Memory contiguity of the operands, read before normalization renames them.
+    a_axis = _contiguous_axis(sch, main, 0)
+    b_axis = _contiguous_axis(sch, main, 1)
+
+    reindex_a = sch.reindex(main, ("read", 0))
+    reindex_b = sch.reindex(main, ("read", 1))
+    reindex_c = sch.reindex(main, ("write", 0))
+    matmul_map, a_map, b_map, c_map = get_index_map(sch.get(main))
+    sch.transform_layout(reindex_a, ("write", 0), a_map)
+    sch.transform_layout(reindex_b, ("write", 0), b_map)
+    sch.transform_layout(reindex_c, ("read", 0), c_map)
+    sch.transform_block_layout(main, matmul_map)
+
+    block_m, block_n = tm * vm * mm, tn * vn * mn
+    extents = [sch.get(loop).extent for loop in sch.get_loops(main)]
+    if not all(isinstance(e, tirx.IntImm) for e in extents):
+        return None
+    _, size_m, size_n, size_k = (int(e) for e in extents)
+    sch.pad_einsum(main, [1, block_m, block_n, block_k])
+    batch, i, j, k = sch.get_loops(main)
+    bi, vi, ti, ii = sch.split(i, [None, vm, tm, mm])
+    bj, vj, tj, ji = sch.split(j, [None, vn, tn, mn])
+    ko, ki = sch.split(k, [None, block_k])
+    sch.reorder(bi, bj, vi, vj, ti, tj, ko, ki, ii, ji)
+    bz = sch.fuse(batch, bi)
+    sch.bind(bz, "blockIdx.y")
+    sch.bind(bj, "blockIdx.x")
+    sch.bind(vi, "vthread.y")
+    sch.bind(vj, "vthread.x")
+    sch.bind(ti, "threadIdx.y")
+    sch.bind(tj, "threadIdx.x")
+    if unroll > 0:
+        sch.annotate(tj, "pragma_auto_unroll_max_step", unroll)
+        sch.annotate(tj, "pragma_unroll_explicit", 1)
+
+    accumulate = sch.cache_write(main, 0, "local")
+    sch.reverse_compute_at(accumulate, tj, preserve_unit_loops=True)
+
+    threads = tm * tn
+    fetches = []
+    for index, (axis, operand) in enumerate(((a_axis, "i"), (b_axis, "j"))):
+        fetch = sch.cache_read(main, index, "shared")
+        sch.compute_at(fetch, ko, preserve_unit_loops=True)
+        # k-major in shared memory: a thread's fragment along i (or j) is contiguous
+        sch.transform_layout(fetch, ("write", 0), lambda s, x, kk: (s, kk, x))
+        s_loop, x_loop, k_loop = sch.get_loops(fetch)[-3:]
+        inner = x_loop if axis == "s" else k_loop  # the global unit-stride axis
+        outer = k_loop if inner is x_loop else x_loop
+        sch.reorder(s_loop, outer, inner)
+        # 128-bit loads where the unit-stride axis has whole vectors, without padding
+        tile_x, size_x = (block_m, size_m) if operand == "i" else (block_n, size_n)
+        along = (tile_x, size_x) if inner is x_loop else (block_k, size_k)
+        width = vector if (along[0] % vector == 0 and along[1] % vector == 0
+                           and tile_x * block_k % (threads * vector) == 0) else 1
+        fused = sch.fuse(s_loop, outer, inner)
+        _, ty, tx, vec = sch.split(fused, [None, tm, tn, width])
+        sch.bind(ty, "threadIdx.y")
+        sch.bind(tx, "threadIdx.x")
+        if width > 1:
+            sch.vectorize(vec)
+        sch.storage_align(fetch, 0, axis=1, factor=32, offset=4)
+        fetches.append(fetch)
+        # the fragment of this k in registers
+        fragment = sch.cache_read(main, index, "local")
+        sch.compute_at(fragment, ki, preserve_unit_loops=True)
+        frag_loop = sch.get_loops(fragment)[-1]
+        if sch.get(frag_loop).extent.value % 4 == 0 and \
+                (mm if operand == "i" else mn) % 4 == 0:
+            _, v = sch.split(frag_loop, [None, 4])
+            sch.vectorize(v)
+
+    for fetch in fetches:
+        auto_inline_producers(sch, fetch)
+    auto_inline_consumer_chain(sch, accumulate)
+    sch.decompose_reduction(main, ko)
+    if pipeline != "none":
+        sch.annotate(ko, "software_pipeline_stage", [0, 0, 1])
+        sch.annotate(ko, "software_pipeline_order", [0, 1, 2])
+        if pipeline == "async":
+            sch.annotate(ko, "software_pipeline_async_stages", [0])
+    return sch

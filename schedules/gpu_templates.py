@@ -10,9 +10,9 @@ GEMM, are scheduled by one of these rules (a knob):
 - "gemv" / "low_batch_gemv": dlight's GEMV rules for M = 1 or M <= 16 (K split
   across the threads of a block).
 
-The fallback config picks the largest block tile that still gives about one block
-per multiprocessor (at least 90% of them) without padding the matrix by more than a
-third; a small grid of small tiles over a long k loop (ResNet-18's late convs at
+The fallback config picks the largest block tile that still gives about two blocks
+per multiprocessor (else one) without padding the matrix by more than a third; a
+small grid of small tiles over a long k loop (ResNet-18's late convs at
 batch 1) gets longer, double-buffered k steps. Measured on the H200 (fp32, TF32 off,
 benchmarks/gpu_gemm_configs.py): the fallback does 26.2 TFLOP/s on 1024^3 (cuBLAS
 37.6; the best simt config 28.5), 38.2 on 4096^3 (51.4; best 40.8) and 6.7 on
@@ -41,8 +41,15 @@ TILES: tuple[tuple[int, int, int, int, int, int], ...] = (
     (16, 16, 1, 1, 4, 4),  # 64 x 64
     (8, 16, 1, 1, 4, 4),   # 32 x 64 (dlight's default)
     (8, 8, 1, 1, 4, 4),    # 32 x 32
-    (8, 8, 1, 1, 2, 2),    # 16 x 16
+    (8, 8, 1, 1, 2, 2),    # 16 x 16, 64 threads
+    (16, 16, 1, 1, 1, 1),  # 16 x 16, 256 threads (a knob value only: 0.6-0.8x of the
+                           # 64-thread tile on the H200's small grids)
 )
+# The fallback's tile: the largest of at least 64 x 64 whose grid fills the GPU about
+# twice (a block waiting on its loads has another to switch to), else the largest
+# that fills it once (measured on the H200: 2048x768x3072 at 64 x 64 28 TFLOP/s,
+# at 64 x 128 22).
+WAVES = ((1.8, 64 * 64), (0.9, 0))
 RULES = ("simt", "tiled", "gemv", "low_batch_gemv")
 # How the simt rule's k loop stages its tiles through shared memory: "none" (load,
 # sync, compute, sync) or "double" (two buffers: the next tile's loads are issued
@@ -78,6 +85,23 @@ def matmul_dims(ctx: ScheduleContext) -> tuple[int, int, int, int]:
     return batch, m, n, k
 
 
+def fallback_tile(batch: int, m: int, n: int, sms: int) -> tuple[int, ...]:
+    """The first tile of TILES (largest first) that pads the matrix by at most
+    MAX_PADDING and passes WAVES[0], else WAVES[1], else the 16 x 16 tile of 64
+    threads."""
+    grids = []
+    for tile in TILES:
+        tm, tn = tile_shape(tile)
+        padding = (-(-m // tm) * tm * -(-n // tn) * tn) / (m * n)
+        if padding <= MAX_PADDING:
+            grids.append((tile, tm * tn, batch * -(-m // tm) * -(-n // tn)))
+    for waves, min_area in WAVES:
+        for tile, area, blocks in grids:
+            if area >= min_area and blocks >= waves * sms:
+                return tile
+    return (8, 8, 1, 1, 2, 2)
+
+
 class GpuMatmulTemplate(Template):
     target_kind = "cuda"
 
@@ -110,22 +134,16 @@ class GpuMatmulTemplate(Template):
         batch, m, n, k = self.dims(ctx)
         sms = target_info(ctx.target).multiprocessors or 108
         rule = "gemv" if m == 1 and batch == 1 else "low_batch_gemv" if m <= 16 else "simt"
-        tile = TILES[-1]
-        for candidate in TILES:
-            tm, tn = tile_shape(candidate)
-            blocks = batch * -(-m // tm) * -(-n // tn)
-            padding = (-(-m // tm) * tm * -(-n // tn) * tn) / (m * n)
-            if blocks >= 0.9 * sms and padding <= MAX_PADDING:
-                tile = candidate
-                break
+        tile = fallback_tile(batch, m, n, sms)
         vector = 4 if k % 4 == 0 and n % 4 == 0 else 2 if k % 2 == 0 and n % 2 == 0 else 1
         micro_k, pipeline = 16 if k >= 64 else 8, "none"
         tm, tn = tile_shape(tile)
         blocks = batch * -(-m // tm) * -(-n // tn)
-        if blocks < 2 * sms and tm * tn <= 32 * 64 and k >= 256:
+        if blocks < 4 * sms and tm * tn <= 32 * 64 and k >= 256:
             # A small grid with a long k loop is bound by each step's load latency
             # (ResNet-18's 7x7 convs at batch 1: 288 steps of 16): fewer, longer steps,
-            # the next one's loads in flight, within the shared memory of a block.
+            # the next one's loads in flight, within the shared memory of a block
+            # (H200: 49x512x4608 4.3 TFLOP/s against 2.6, 128x768x768 7.8 against 5.8).
             smem = target_info(ctx.target).max_shared_memory_per_block or 49152
             micro_k, pipeline = 64 if k >= 1024 else 32, "double"
             while micro_k > 16 and 2 * micro_k * (tm + tn + 8) * 4 > smem:

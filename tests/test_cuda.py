@@ -230,6 +230,7 @@ class _MatMul(torch.nn.Module):
 # (rule, tile, micro_k, pipeline) on shapes that do and do not divide the tiles
 _MATMUL_CONFIGS = [("simt", "16,16,2,2,4,4", 16, "none"), ("simt", "16,16,1,2,4,4", 8, "double"),
                    ("simt", "8,8,1,1,2,2", 64, "double"), ("simt", "8,16,1,1,4,4", 32, "none"),
+                   ("simt", "16,16,1,1,1,1", 64, "double"),
                    ("tiled", "16,16,1,1,4,4", 16, "none")]
 
 

@@ -236,7 +236,7 @@ def retarget(
     from tecc.schedules.tasks import extract_tasks
 
     started = time.perf_counter()
-    sources = [p for p in ([records] if os.path.exists(records) else [])]
+    sources: list[str | os.PathLike] = [records] if os.path.exists(records) else []
     if foreign:
         sources += [foreign] if isinstance(foreign, str | os.PathLike) else list(foreign)
     foreign_records = load_records(sources, warn=True)[0] if sources else []

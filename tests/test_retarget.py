@@ -113,9 +113,9 @@ def test_retarget_measures_the_best_valid_foreign_configs_and_the_fallback(forei
     np.testing.assert_allclose(tuned(*inputs).numpy(), want, rtol=1e-4, atol=1e-4)
 
     # a later tuning run resumes from the retargeted records, and its own
-    # verification session then decides
+    # verification session (of two configs and the fallback) then decides
     capsys.readouterr()
-    tecc.tune(model, inputs, records=records, trials=2, tuner="random", verify_top=1,
+    tecc.tune(model, inputs, records=records, trials=2, tuner="random", verify_top=2,
               verify_rounds=1)
     assert f"resumed from {4 * len(expected)} earlier measurement(s)" in capsys.readouterr().out
     tuned = tecc.compile(model, inputs, records=[records])

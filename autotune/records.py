@@ -15,6 +15,22 @@ config and round). A single measurement can be lucky or unlucky by 2x on a busy
 machine; the rounds of one session ran under the same conditions, so at compile time
 the latest session decides (lowest median over its rounds), the other lines only
 where a workload has no session.
+
+Which records serve a compile target is decided by what the code needs from the
+machine and what it was timed with, never by CPU names (`target_relation`):
+  "exact"       the record's target has the identical LLVM ISA feature set (the
+                features LLVM gives its mcpu, tecc.target.TargetInfo.features) and
+                the same core count (CUDA: the same arch): applied as it is;
+  "compatible"  the same vector width (TargetInfo.isa_level) and core count, other
+                features: applied where no exact record is;
+  "foreign"     another vector width or core count: never applied at compile time;
+                such records feed the retarget step (autotune.tune.retarget_tasks)
+                and transfer learning. A record whose mcpu LLVM does not know relates
+                only to an identical target JSON.
+Retargeting writes its measurements as a verification session whose name starts
+with RETARGET_SESSION ("retarget-..."), with the local target: a workload decided by
+such a session is reported "retargeted" at compile time; a later tuning run's own
+session, being later, then decides instead.
 """
 
 from __future__ import annotations
@@ -28,7 +44,7 @@ import os
 import statistics
 import time
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,29 +63,59 @@ def workload_key(workload: dict[str, Any]) -> str:
     return canonical_json(workload)
 
 
+RETARGET_SESSION = "retarget-"  # the name prefix of a retarget run's session
+
+
 def isa_family(target: dict[str, Any]) -> str:
-    """What code built for `target` (a record's target JSON) needs from the machine,
-    TargetInfo.isa_level: records of targets of one level are interchangeable starting
-    points. Decided by the instruction-set features of the target's CPU (LLVM's), so
-    any CPU LLVM knows is classified; one it does not know matches only itself."""
-    return _isa_family(*(target.get(k) for k in ("kind", "mcpu", "arch", "mtriple")))
-
-
-@functools.cache
-def _isa_family(kind: str | None, mcpu: str | None, arch: str | None,
-                mtriple: str | None) -> str:
-    from tecc.target import target_from_json, target_info
-
-    target = {"kind": kind, "mcpu": mcpu, "arch": arch, "mtriple": mtriple}
-    try:
-        return target_info(target_from_json(target)).isa_level
-    except ValueError:
-        return f"{kind or 'llvm'}-{mcpu or 'generic'}"
+    """TargetInfo.isa_level of a record's target JSON ("x86-avx512", "x86-avx2",
+    "cuda-sm_90"): what code built for it needs from the machine, decided by the
+    instruction-set features LLVM gives its CPU; a CPU LLVM does not know is its own
+    family."""
+    return _target_keys(canonical_json(target))[2]
 
 
 def exact_target_key(target: dict[str, Any]) -> str:
-    keys = ("kind", "mcpu", "arch", "num-cores")
-    return canonical_json({k: target.get(k) for k in keys})
+    """Targets of one key have identical ISA features and core counts (CUDA: arch)."""
+    return _target_keys(canonical_json(target))[0]
+
+
+def compatible_target_key(target: dict[str, Any]) -> str:
+    """Targets of one key share the vector width (isa_level) and the core count."""
+    return _target_keys(canonical_json(target))[1]
+
+
+def target_relation(record_target: dict[str, Any], target: dict[str, Any]) -> str:
+    """How a record measured for `record_target` serves `target`: "exact",
+    "compatible" or "foreign" (see the module docstring)."""
+    if exact_target_key(record_target) == exact_target_key(target):
+        return "exact"
+    if compatible_target_key(record_target) == compatible_target_key(target):
+        return "compatible"
+    return "foreign"
+
+
+@functools.cache
+def _target_keys(target_json: str) -> tuple[str, str, str]:
+    """(exact key, compatible key, isa level) of a target JSON, from LLVM's features
+    of its CPU; computed once per target spelling."""
+    from tecc.target import target_from_json, target_info
+
+    target = json.loads(target_json)
+    cores = target.get("num-cores")
+    try:
+        info = target_info(target_from_json(target))
+    except (ValueError, TypeError, RuntimeError):
+        # a CPU this LLVM does not know (or no target at all): only itself matches
+        own = canonical_json({"target": target})
+        return own, own, f"{target.get('kind') or 'llvm'}-{target.get('mcpu') or 'generic'}"
+    level = info.isa_level
+    if info.is_gpu:
+        own = canonical_json({"kind": info.kind, "arch": info.arch})
+        return own, own, level
+    exact = canonical_json({"kind": info.kind, "machine": info.machine,
+                            "features": sorted(info.features), "cores": cores})
+    compatible = canonical_json({"kind": info.kind, "isa": level, "cores": cores})
+    return exact, compatible, level
 
 
 def host_info() -> dict[str, Any]:
@@ -269,10 +315,13 @@ def load_records(paths: str | os.PathLike | Sequence[str | os.PathLike],
     return records, total
 
 
+SOURCES = ("exact", "compatible", "retargeted", "fallback")
+
+
 @dataclass
 class Choice:
     config: dict[str, Any] | None  # None: the template's fallback
-    source: str  # "exact", "compatible" or "fallback"
+    source: str  # one of SOURCES: how the record's target relates, or "fallback"
     cost_s: float | None = None
 
 
@@ -321,17 +370,14 @@ def best_records(records: Iterable[Record]) -> list[Record]:
 
 class RecordDatabase:
     """The config to use per (workload, target), for compile time: from the latest
-    verification session when there is one, else the best single measurement."""
+    verification session when there is one, else the best single measurement; exact
+    targets first, then compatible ones (see target_relation); foreign records are
+    kept out."""
 
-    def __init__(self, records: Iterable[Record] = (),
-                 valid: Callable[[Record], bool] | None = None) -> None:
-        """`valid(record)`: whether a record's config may be used (a point of its
-        template's config space); the others are skipped, `invalid` lists them."""
+    def __init__(self, records: Iterable[Record] = ()) -> None:
         self._exact: dict[tuple[str, str], list[Record]] = {}
-        self._family: dict[tuple[str, str], list[Record]] = {}
-        self._valid = valid
+        self._compatible: dict[tuple[str, str], list[Record]] = {}
         self.count = 0
-        self.invalid: list[Record] = []
         for r in records:
             self.add(r)
 
@@ -347,37 +393,46 @@ class RecordDatabase:
         self.count += 1
         if not record.ok and record.verify is None:
             return  # a failed round still counts against its config in a session
-        if self._valid is not None and not self._valid(record):
-            self.invalid.append(record)
-            return
         self._exact.setdefault((record.key, exact_target_key(record.target)), []).append(record)
-        self._family.setdefault((record.key, isa_family(record.target)), []).append(record)
+        self._compatible.setdefault((record.key, compatible_target_key(record.target)),
+                                    []).append(record)
+
+    def records_of(self, workload: dict[str, Any], target: dict[str, Any]) -> list[Record]:
+        """The records of `workload` that may serve `target` (exact or compatible)."""
+        return list(self._compatible.get((workload_key(workload),
+                                          compatible_target_key(target)), []))
 
     @staticmethod
-    def _pick(records: Sequence[Record], wanted: Any = None) -> tuple[Record, float] | None:
+    def _pick(records: Sequence[Record], wanted: Any = None
+              ) -> tuple[Record, float, bool] | None:
+        """The best record among those whose config satisfies `wanted`, its cost and
+        whether a retarget session decided."""
         fits = [r for r in records if wanted is None or wanted(r.config)]
         session = _latest_session(fits)
         if session:
             picked = _by_median(session)
             if picked is not None:
-                return picked
+                return (*picked, str(session[0].verify).startswith(RETARGET_SESSION))
         ok = [r for r in fits if r.ok]
         if not ok:
             return None
         best = min(ok, key=lambda r: r.cost)
-        return best, best.cost
+        return best, best.cost, False
 
     def choose_where(self, workload: dict[str, Any], target: dict[str, Any],
                      wanted: Any) -> Choice | None:
         """The config to use among those satisfying `wanted(config)` (exact target, then
         compatible); None if no measured config does. For layout-aware choices: a
-        config whose input layout matches the producer's avoids a transform."""
+        config whose input layout matches the producer's avoids a transform; for the
+        config space check: a config outside the template's space is never used."""
         key = workload_key(workload)
-        for table, tkey, source in ((self._exact, exact_target_key(target), "exact"),
-                                    (self._family, isa_family(target), "compatible")):
+        for table, tkey, source in (
+                (self._exact, exact_target_key(target), "exact"),
+                (self._compatible, compatible_target_key(target), "compatible")):
             picked = self._pick(table.get((key, tkey), []), wanted)
             if picked is not None:
-                return Choice(picked[0].config, source, picked[1])
+                record, cost, retargeted = picked
+                return Choice(record.config, "retargeted" if retargeted else source, cost)
         return None
 
     def choose(self, workload: dict[str, Any], target: dict[str, Any]) -> Choice:

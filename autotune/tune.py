@@ -31,6 +31,7 @@ import numpy as np
 from tecc.autotune.builder import Builder, LocalBuilder, remove_built
 from tecc.autotune.measure import MeasureInput, measure_batch, record_of, run_built
 from tecc.autotune.records import (
+    RETARGET_SESSION,
     Record,
     RecordWriter,
     exact_target_key,
@@ -240,12 +241,17 @@ def runner_options_for(timeout_s: float = 30.0, cache_flush: bool = False,
     return options
 
 
+def session_name(prefix: str = "") -> str:
+    """A new verification session's name: its start time and process."""
+    return f"{prefix}{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+
+
 def verify_best(states: Sequence[TaskState], builder: Builder, runner: Runner,
                 writer: RecordWriter, top: int = 4, rounds: int = 3,
                 progress: bool = True) -> None:
     """Measure each task's `top` best configs and its fallback again, built once and
     run in `rounds` interleaved rounds, each result a record of one session."""
-    session = f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+    session = session_name()
     work = [(s, c) for s in states if (c := _verify_candidates(s, top))]
     bar = tqdm(total=len(work) * rounds, disable=not progress, unit="round",
                desc="verifying", dynamic_ncols=True)
@@ -253,17 +259,41 @@ def verify_best(states: Sequence[TaskState], builder: Builder, runner: Runner,
         inputs = [MeasureInput(state.task, c) for c in candidates]
         built = builder.build(inputs)
         try:
-            for r in range(rounds):
-                # each round starts at another candidate: none is always the first run
-                # after a build, or always the last
-                order = [(i + r) % len(inputs) for i in range(len(inputs))]
-                run_built(runner, [inputs[i] for i in order], [built[i] for i in order],
-                          lambda j, result, order=order, inputs=inputs: writer.write(
-                              record_of(inputs[order[j]], result, verify=session)))
-                bar.update(1)
+            measure_in_rounds(runner, [(inputs, built)], rounds,
+                              lambda inp, result: writer.write(
+                                  record_of(inp, result, verify=session)),
+                              on_round=lambda: bar.update(1))
         finally:
             remove_built(built)
     bar.close()
+
+
+def measure_in_rounds(runner: Runner,
+                      groups: Sequence[tuple[Sequence[MeasureInput], Sequence[Any]]],
+                      rounds: int, on_result: Callable[[MeasureInput, Any], None],
+                      deadline: float | None = None,
+                      on_round: Callable[[], None] | None = None) -> int:
+    """Run built candidates (per group, the candidates of one task and their build
+    results) in `rounds` interleaved rounds, one runner pass over every group a
+    round; each round starts each group at another candidate, so none is always the
+    first run after a build, or always the last. `on_result(input, result)` as each
+    is measured. Past `deadline` (time.perf_counter) no further round starts, nor
+    one that would end past it; at least one runs. Returns the rounds run."""
+    done = 0
+    started = time.perf_counter()
+    for r in range(rounds):
+        if done and deadline is not None:
+            per_round = (time.perf_counter() - started) / done
+            if time.perf_counter() + per_round > deadline:
+                break
+        order = [(inputs[(i + r) % len(inputs)], built[(i + r) % len(inputs)])
+                 for inputs, built in groups for i in range(len(inputs))]
+        run_built(runner, [inp for inp, _ in order], [b for _, b in order],
+                  lambda j, result, order=order: on_result(order[j][0], result))
+        done += 1
+        if on_round is not None:
+            on_round()
+    return done
 
 
 def _verify_candidates(state: TaskState, top: int) -> list[Config]:
@@ -395,6 +425,197 @@ def model_time_estimate(states: Sequence[TaskState]) -> float:
     """Seconds per model run the tuned kernels add up to: weight x best time, summed
     over the tasks measured so far (what the scheduler minimizes)."""
     return sum(s.weight * s.best_cost for s in states if math.isfinite(s.best_cost))
+
+
+# -- retargeting: a quick local tuning from another machine's records
+
+RETARGET_K = 8  # foreign configs measured per task at most
+RETARGET_BUDGET_S = 180.0
+RUN_OVERHEAD_S = 0.1  # a measured candidate's seconds besides its timed calls
+
+
+@dataclass
+class RetargetState:
+    """One task of a retarget run: its foreign candidates (valid here, best first by
+    their foreign cost), how many of them were measured, and the outcome here."""
+
+    task: Any
+    weight: int
+    candidates: list[Config]
+    fallback: Config
+    foreign_cost_s: float  # the best foreign config's cost on its own machine
+    measured: int = 0  # foreign candidates built and measured here
+    costs: dict[int, list[float]] = field(default_factory=dict)  # config index -> costs
+
+    @property
+    def configs(self) -> list[Config]:
+        """What is measured here: the first `measured` candidates and the fallback."""
+        picked = {c.index: c for c in self.candidates[:self.measured]}
+        picked.setdefault(self.fallback.index, self.fallback)
+        return list(picked.values())
+
+    def median_s(self, config: Config) -> float:
+        costs = self.costs.get(config.index, [])
+        return float(np.median(costs)) if costs and all(map(math.isfinite, costs)) else math.inf
+
+    @property
+    def fallback_s(self) -> float:
+        return self.median_s(self.fallback)
+
+    @property
+    def best_s(self) -> float:
+        return min((self.median_s(c) for c in self.configs), default=math.inf)
+
+    @property
+    def speedup(self) -> float:
+        """The fallback's median time over the best config's, here."""
+        best = self.best_s
+        return self.fallback_s / best if math.isfinite(best) and best > 0 else 0.0
+
+
+def foreign_candidates(task: Any, records: Sequence[Record]) -> tuple[list[Config], float]:
+    """The distinct configs of `task`'s workload among `records` that are points of its
+    config space here, best first, and the best one's cost. A config's rank is its
+    median cost over its records relative to the best config of the same target (so
+    records of several machines rank together); failed configs are left out."""
+    key = workload_key(task.workload)
+    costs: dict[tuple[str, str], list[float]] = {}
+    configs: dict[str, dict[str, Any]] = {}
+    for r in records:
+        if r.key == key and r.ok:
+            tkey = exact_target_key(r.target)
+            costs.setdefault((tkey, r.config_key), []).append(r.cost)
+            configs.setdefault(r.config_key, r.config)
+    medians = {k: float(np.median(c)) for k, c in costs.items()}
+    best_of_target: dict[str, float] = {}
+    for (tkey, _), cost in medians.items():
+        best_of_target[tkey] = min(best_of_target.get(tkey, math.inf), cost)
+    rank: dict[str, float] = {}
+    for (tkey, ckey), cost in medians.items():
+        rank[ckey] = min(rank.get(ckey, math.inf), cost / best_of_target[tkey])
+    ranked: list[Config] = []
+    for ckey in sorted(rank, key=lambda c: (rank[c], c)):
+        try:
+            config = task.space.from_json(configs[ckey])
+        except (KeyError, ValueError):
+            continue  # not a point of this target's space (another vector width's blocks)
+        if all(c.index != config.index for c in ranked):
+            ranked.append(config)
+    return ranked, min(best_of_target.values(), default=math.inf)
+
+
+def retarget_tasks(
+    tasks: Sequence[Any],
+    weights: Sequence[int],
+    foreign: Sequence[Record],
+    records: str | Path,
+    k: int = RETARGET_K,
+    time_budget_s: float = RETARGET_BUDGET_S,
+    rounds: int = 3,
+    timeout_s: float = 30.0,
+    progress: bool = True,
+    tecc_version: str = "",
+    tvm_version: str = "",
+    runner_options: dict[str, Any] | None = None,
+) -> list[RetargetState]:
+    """A quick local tuning from `foreign` records (another machine's): per task, its
+    best foreign configs that are valid here (up to `k`) and its fallback, built in
+    parallel and measured here in `rounds` interleaved rounds (as verify_best), one
+    retarget session of records appended to `records`. `time_budget_s` bounds the
+    run: every task with candidates gets its best one; more go to the tasks with the
+    largest share of the model's estimated time (weight x foreign cost), while the
+    measured build and estimated run times fit. Tasks without foreign records of
+    their workload get none (their fallback stays). Returns the retargeted tasks."""
+    started = time.perf_counter()
+    deadline = started + time_budget_s
+    states = []
+    for task, weight in zip(tasks, weights, strict=True):
+        candidates, cost = foreign_candidates(task, foreign)
+        if candidates:
+            states.append(RetargetState(task, weight, candidates, task.fallback_config(), cost))
+    if not states:
+        return []
+    options = runner_options_for(timeout_s, False, runner_options)
+    session = session_name(RETARGET_SESSION)
+    with records_lock(records), RecordWriter(records, tecc_version, tvm_version) as writer, \
+            LocalBuilder(timeout_s=max(timeout_s, 30.0)) as builder, \
+            LocalRunner(**options) as runner:
+        built: dict[tuple[int, int], Any] = {}
+
+        def build(wanted: list[tuple[RetargetState, Config]]) -> None:
+            results = builder.build([MeasureInput(s.task, c) for s, c in wanted])
+            built.update({(id(s), c.index): b for (s, c), b in zip(wanted, results,
+                                                                   strict=True)})
+
+        try:
+            for s in states:
+                s.measured = 1
+            first = [(s, c) for s in states for c in s.configs]
+            build_started = time.perf_counter()
+            build(first)
+            per_build_s = (time.perf_counter() - build_started) / len(first)
+            extra = _allot(states, k, per_build_s, rounds, options,
+                           deadline - time.perf_counter())
+            more = [(s, c) for s in states for c in s.candidates[1:1 + extra.get(id(s), 0)]]
+            if progress:
+                print(f"built {len(first)} configs (each task's best foreign one and its "
+                      f"fallback) in {per_build_s * len(first):.0f} s; building "
+                      f"{len(more)} more")
+            build(more)
+            for s in states:
+                s.measured += extra.get(id(s), 0)
+            groups = []
+            for s in states:
+                inputs = [MeasureInput(s.task, c) for c in s.configs]
+                groups.append((inputs, [built[(id(s), inp.config.index)] for inp in inputs]))
+            by_task = {task_key_of(s.task): s for s in states}
+
+            def measured(inp: MeasureInput, result: Any) -> None:
+                writer.write(record_of(inp, result, verify=session))
+                by_task[task_key_of(inp.task)].costs.setdefault(inp.config.index, []).append(
+                    result.cost)
+
+            bar = tqdm(total=rounds, disable=not progress, unit="round",
+                       desc=f"measuring {sum(len(g[0]) for g in groups)} configs",
+                       dynamic_ncols=True)
+            measure_in_rounds(runner, groups, rounds, measured, deadline,
+                              on_round=lambda: bar.update(1))
+            bar.close()
+        finally:
+            remove_built(list(built.values()))
+    return states
+
+
+def task_key_of(task: Any) -> str:
+    return workload_key(task.workload)
+
+
+def _allot(states: Sequence[RetargetState], k: int, per_build_s: float, rounds: int,
+           options: dict[str, Any], left_s: float) -> dict[int, int]:
+    """Further candidates per task (by id) beyond the first, within `left_s` seconds:
+    each next one goes to the task with the largest estimated time per candidate it
+    has (weight x foreign cost / candidates), as seats by D'Hondt's rule, while its
+    build (`per_build_s`, measured) and its runs fit."""
+    def run_s(state: RetargetState) -> float:
+        # time_evaluator: `repeat` timings of at least min_repeat_ms, after a checked
+        # call and an untimed one; loading the library and checking the outputs took
+        # about 0.1 s more a candidate on a 2-core machine
+        cost = state.foreign_cost_s if math.isfinite(state.foreign_cost_s) else 1e-3
+        timing = max(options["min_repeat_ms"] / 1e3, options["number"] * cost)
+        return options["repeat"] * timing + 2 * cost + RUN_OVERHEAD_S
+
+    left_s -= sum(rounds * run_s(s) * len(s.configs) for s in states)
+    extra = {id(s): 0 for s in states}
+    while True:
+        open_ = [s for s in states if 1 + extra[id(s)] < min(k, len(s.candidates))]
+        if not open_:
+            return extra
+        s = max(open_, key=lambda s: s.weight * s.foreign_cost_s / (2 + extra[id(s)]))
+        cost = per_build_s + rounds * run_s(s)
+        if cost > left_s:
+            return extra
+        left_s -= cost
+        extra[id(s)] += 1
 
 
 PLOT_EXTRA = "pip install tecc[plot]"

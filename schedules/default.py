@@ -60,7 +60,9 @@ class AppliedTemplate:
     workload: dict[str, Any] | None
     space_size: int
     config: dict[str, Any] | None  # the config's JSON (None: the template failed)
-    source: str  # "fallback", "exact", "compatible", "given", "generic" (template refused)
+    # "fallback", "exact", "compatible", "retargeted" (a tuning record's, see
+    # autotune.records), "given", "generic" (template refused)
+    source: str
     error: str | None = None
 
 

@@ -13,6 +13,7 @@ choice into numbers a cost model can use.
 from __future__ import annotations
 
 import math
+import numbers
 import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -186,18 +187,29 @@ class ConfigSpace:
 
     # -- serialization and features
     def from_json(self, values: dict[str, Any]) -> Config:
-        """The config with these knob values (as written by Config.to_json)."""
+        """The config with these knob values (as written by Config.to_json). A value
+        must be one of its knob's options with the option's type: 1.5, true or "8" is
+        no block size of 8 (tuning records are checked here, for every template)."""
         digits = []
         for knob in self.knobs:
             if knob.name not in values:
                 raise KeyError(f"config lacks knob {knob.name!r}")
             value = values[knob.name]
-            value = tuple(value) if isinstance(value, list) else value
-            try:
-                digits.append(knob.options.index(value))
-            except ValueError:
-                raise ValueError(f"knob {knob.name!r} has no option {value!r}") from None
+            digit = next((d for d, option in enumerate(knob.options)
+                          if same_value(value, option)), None)
+            if digit is None:
+                raise ValueError(f"knob {knob.name!r} has no option {value!r}")
+            digits.append(digit)
         return self.get(self.index_of(digits))
+
+    def contains(self, values: dict[str, Any]) -> bool:
+        """Whether `values` (a config's JSON) is a point of this space: every knob
+        given one of its options (see from_json)."""
+        try:
+            self.from_json(values)
+        except (KeyError, ValueError, TypeError):
+            return False
+        return True
 
     def features(self, config: Config) -> list[float]:
         digits = self.indices_of(config.index)
@@ -209,6 +221,19 @@ class ConfigSpace:
 
     def dumps(self, config: Config) -> str:
         return canonical_json(config.to_json())
+
+
+def same_value(value: Any, option: Any) -> bool:
+    """Whether a config value (JSON or Python) is the knob option `option`: equal and
+    of its kind (a bool is no integer, a float no integer, a list is a split's tuple)."""
+    if isinstance(option, tuple):
+        return (isinstance(value, list | tuple) and len(value) == len(option)
+                and all(map(same_value, value, option)))
+    if isinstance(option, bool) or isinstance(value, bool):
+        return isinstance(option, bool) and isinstance(value, bool) and value == option
+    if isinstance(option, numbers.Integral):
+        return isinstance(value, numbers.Integral) and value == option
+    return type(value) is type(option) and value == option
 
 
 def nearest_config(space: ConfigSpace, values: dict[str, Any]) -> Config:

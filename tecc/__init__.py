@@ -10,7 +10,7 @@ import os
 from typing import Any
 
 __version__ = "0.1.0"
-_COMPILER_API = {"compile", "CompiledModel", "import_model", "tune"}
+_COMPILER_API = {"compile", "CompiledModel", "import_model", "retarget", "tune"}
 
 
 def load(path: str | os.PathLike) -> Any:
@@ -28,4 +28,5 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'tecc' has no attribute {name!r}")
 
 
-__all__ = ["CompiledModel", "__version__", "compile", "import_model", "load", "tune"]
+__all__ = ["CompiledModel", "__version__", "compile", "import_model", "load", "retarget",
+           "tune"]

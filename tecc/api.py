@@ -12,6 +12,7 @@ import torch
 import tvm
 
 from tecc import __version__, runtime
+from tecc.autotune.records import load_records
 from tecc.build import BuildResult, build
 from tecc.frontend.importer import ImportedModel, from_torch, load_pt2
 from tecc.frontend.ir import Call, Function, post_order
@@ -81,8 +82,9 @@ class CompiledModel:
     def tasks(self) -> list[dict]:
         """The model's tuning tasks, one per distinct workload: workload_key (canonical
         JSON), workload, template, anchor kind, space_size, the config used and its
-        source ("exact" / "compatible": a tuning record; "fallback": the template's
-        heuristic; "generic": the template refused), and the kernels using it."""
+        source ("exact" / "compatible": a tuning record of this ISA, "retargeted": a
+        record measured here by a retarget run; "fallback": the template's heuristic;
+        "generic": the template refused), and the kernels using it."""
         return task_table(self.build_result.kernels)
 
     def tuning_report(self) -> str:
@@ -208,6 +210,55 @@ def tune(
     return states
 
 
+def retarget(
+    model: torch.nn.Module | str | os.PathLike,
+    example_inputs: Sequence[Any] | None = None,
+    foreign: RecordsArg = None,
+    records: str | os.PathLike = "tuning.jsonl",
+    target: str = "llvm",
+    k: int = 8,
+    time_budget: float = 180.0,
+    rounds: int = 3,
+    timeout: float = 30.0,
+    winograd: bool = True,
+    progress: bool = True,
+) -> list:
+    """A quick local tuning from another machine's records: for each kernel of `model`
+    on `target`, the best `k` configs of `foreign` (files or folders of records, e.g.
+    measured for another vector width or core count; the `records` file counts too)
+    that are valid here, and the kernel's fallback, are measured here in `rounds`
+    interleaved rounds and appended to `records` as one retarget session, within
+    about `time_budget` seconds (the largest kernels get the most configs).
+    `tecc.compile(..., records=records)` then reports those workloads "retargeted";
+    `tecc.tune(..., records=records)` continues from them. Returns the per-task
+    retarget states (configs measured, fallback and best times here)."""
+    from tecc.autotune.tune import retarget_tasks
+    from tecc.schedules.tasks import extract_tasks
+
+    started = time.perf_counter()
+    sources: list[str | os.PathLike] = [records] if os.path.exists(records) else []
+    if foreign:
+        sources += [foreign] if isinstance(foreign, str | os.PathLike) else list(foreign)
+    foreign_records = load_records(sources, warn=True)[0] if sources else []
+    if not foreign_records:
+        raise ValueError("retarget needs tuning records of another machine: pass them as "
+                         "`foreign` (files or folders, e.g. tuning_logs/)")
+    timings: dict[str, float] = {}
+    _, partitioned, _, _, info = fused_graph(model, example_inputs, target, 3, None, None,
+                                             timings, winograd)
+    tasks = extract_tasks(partitioned, info.tvm_target)
+    weights = task_weights(partitioned, info.tvm_target, tasks)
+    left = time_budget - (time.perf_counter() - started)
+    states = retarget_tasks(tasks, weights, foreign_records, records, k=k,
+                            time_budget_s=left, rounds=rounds, timeout_s=timeout,
+                            progress=progress, tecc_version=__version__,
+                            tvm_version=tvm.__version__)
+    if progress:
+        print(f"retargeted {len(states)} of {len(tasks)} tasks in "
+              f"{time.perf_counter() - started:.0f} s into {records}")
+    return states
+
+
 def task_weights(partitioned: Function, target: Any, tasks: list) -> list[int]:
     """How many kernel calls of the model run each task's workload."""
     from tecc.schedules.tasks import anchors_of, workload_json
@@ -255,5 +306,6 @@ def compile(  # noqa: A001 - the natural name, as torch.compile
     compiled.records_digest = tuning.digest
     compiled.cuda_graph = cuda_graph
     if tuning.given:
-        warn_untuned(compiled.tasks())
+        tuning.warn_outside_space()
+        warn_untuned(compiled.tasks(), tuning.foreign_count)
     return compiled

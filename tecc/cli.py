@@ -30,6 +30,7 @@ def load_model_spec(spec: str) -> tuple[Any, tuple | None]:
 
 def cmd_compile(args: argparse.Namespace) -> int:
     import tecc
+    from tecc.autotune.records import SOURCES
 
     model, example_inputs = load_model_spec(args.model)
     compiled = tecc.compile(model, example_inputs, target=args.target, records=args.records,
@@ -37,6 +38,42 @@ def cmd_compile(args: argparse.Namespace) -> int:
     compiled.export(args.output)
     print(f"compiled {args.model} for {compiled.target}: "
           f"{len(compiled.build_result.kernels)} kernels -> {args.output}")
+    tasks = compiled.tasks()
+    counts = {source: sum(t["source"] == source for t in tasks) for source in SOURCES}
+    counts["generic"] = len(tasks) - sum(counts.values())
+    print(f"configs of {len(tasks)} workloads: "
+          + ", ".join(f"{n} {source}" for source, n in counts.items() if n or source != "generic"))
+    if args.records:
+        print(compiled.tuning_report())
+    return 0
+
+
+def print_retarget(states: list, records: str) -> None:
+    """The table of a retarget run: per task, configs measured here and the times."""
+    print(f"{'task':28s} {'calls':>5s} {'configs':>7s} {'fallback ms':>11s} {'best ms':>9s} "
+          f"{'speedup':>7s}")
+    for s in states:
+        print(f"{s.task.name:28s} {s.weight:5d} {len(s.configs):7d} {s.fallback_s * 1e3:11.4f} "
+              f"{s.best_s * 1e3:9.4f} {s.speedup:7.2f}")
+    print(f"records: {records}")
+
+
+def _retarget(args: argparse.Namespace, model_spec: str, foreign: list[str] | None,
+              records: str) -> int:
+    import tecc
+    from tecc.autotune.records import RecordsBusyError
+
+    model, example_inputs = load_model_spec(model_spec)
+    try:
+        states = tecc.retarget(model, example_inputs, foreign=foreign, records=records,
+                               target=args.target, k=args.k, time_budget=args.time_budget,
+                               rounds=args.rounds, timeout=args.timeout,
+                               winograd=not args.no_winograd)
+    except RecordsBusyError as err:
+        raise SystemExit(f"tecc {args.command}: {err}") from None
+    except ValueError as err:
+        raise SystemExit(f"tecc {args.command}: {err}") from None
+    print_retarget(states, records)
     return 0
 
 
@@ -44,6 +81,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     import tecc
     from tecc.autotune.records import RecordsBusyError
 
+    if args.retarget:
+        return _retarget(args, args.model, args.transfer, args.records)
     model, example_inputs = load_model_spec(args.model)
     try:
         states = tecc.tune(model, example_inputs, target=args.target, records=args.records,
@@ -66,20 +105,42 @@ def cmd_records(args: argparse.Namespace) -> int:
     """Inspect, merge, or keep the best record per workload and target."""
     import json
 
-    from tecc.autotune.records import best_records, exact_target_key, isa_family, load_records
+    from tecc.autotune.records import (
+        best_records,
+        exact_target_key,
+        isa_family,
+        load_records,
+        target_relation,
+    )
     from tecc.canonical import canonical_json
 
+    if args.action == "retarget":
+        if not args.model or not args.output:
+            raise SystemExit("tecc records retarget: --model MODEL and -o LOCAL are needed "
+                             "(the model whose kernels to measure, the records to write)")
+        return _retarget(args, args.model, args.files, args.output)
     records, skipped = load_records(args.files)
     if args.action == "show":
+        from tecc.target import target_info
+
+        host = target_info(args.target).to_json()
         by_workload: dict[tuple[str, str], list] = {}
+        targets: dict[str, dict] = {}
         for r in records:
-            by_workload.setdefault((r.key, exact_target_key(r.target)), []).append(r)
+            tkey = exact_target_key(r.target)
+            by_workload.setdefault((r.key, tkey), []).append(r)
+            targets.setdefault(tkey, r.target)
         print(f"{len(records)} records ({skipped} broken lines skipped), "
               f"{len(by_workload)} workload/target pairs")
-        for (key, target), rs in sorted(by_workload.items()):
+        for tkey, tgt in sorted(targets.items()):
+            n = sum(len(rs) for (_, t), rs in by_workload.items() if t == tkey)
+            print(f"target {canonical_json(tgt)} ({isa_family(tgt)}): {n} records, "
+                  f"{target_relation(tgt, host)} for {args.target} "
+                  f"({host.get('mcpu') or host.get('arch')}, {host.get('num-cores')} cores)")
+        for (key, tkey), rs in sorted(by_workload.items()):
             ok = [r for r in rs if r.ok]
             best = min((r.cost for r in ok), default=float("inf"))
-            wl, tgt = json.loads(key), json.loads(target)
+            wl, tgt = json.loads(key), targets[tkey]
             print(f"  {wl.get('template', '?'):24s} {len(rs):5d} measured, {len(rs) - len(ok):4d} "
                   f"failed, best {best * 1e3:9.4f} ms  {tgt.get('mcpu') or tgt.get('arch') or ''} "
                   f"({isa_family(tgt)})")
@@ -133,6 +194,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_retarget_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--k", type=int, default=8,
+                   help="retarget: at most this many foreign configs per kernel")
+    p.add_argument("--time-budget", type=float, default=180.0,
+                   help="retarget: seconds for the whole run (the largest kernels get the "
+                        "most configs)")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="retarget: interleaved rounds of measurement")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tecc", description="Compile PyTorch models with TVM.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -169,12 +240,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cache-flush", action="store_true",
                    help="time kernels with their weights flushed from the CPU caches, as "
                         "in a model whose weights do not fit in cache (CPU targets)")
+    p.add_argument("--retarget", action="store_true",
+                   help="instead of tuning, measure here the best configs of the records "
+                        "of other machines (--records and --transfer files), a few minutes")
+    add_retarget_options(p)
     p.set_defaults(func=cmd_tune)
 
-    p = sub.add_parser("records", help="inspect, merge or pick the best tuning records")
-    p.add_argument("action", choices=["show", "merge", "best"])
+    p = sub.add_parser("records", help="inspect, merge, pick the best or retarget tuning "
+                                       "records")
+    p.add_argument("action", choices=["show", "merge", "best", "retarget"],
+                   help="retarget: measure the best configs of FILES (another machine's) "
+                        "for --model here, into -o")
     p.add_argument("files", nargs="+", help="record files or folders")
     p.add_argument("-o", "--output")
+    p.add_argument("--model", help="retarget: a .pt2 file, or module:function")
+    p.add_argument("--target", default="llvm",
+                   help="the target records relate to (show) or are measured for (retarget)")
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds per candidate run")
+    p.add_argument("--no-winograd", action="store_true", help=NO_WINOGRAD_HELP)
+    add_retarget_options(p)
     p.set_defaults(func=cmd_records)
 
     p = sub.add_parser("run", help="run a deployment package")

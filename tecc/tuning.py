@@ -3,16 +3,23 @@
 The driver (tecc/api.py) makes one TuningContext per compile. It answers the graph
 passes' tuning callbacks (graph_opt.pass_manager.TuningCallbacks, given to them in
 the PassContext by `callbacks()`) and the scheduler's with the record database
-(autotune.records: exact target > compatible target > the template's fallback):
+(autotune.records: exact target > compatible target > the template's fallback;
+records of foreign targets are never applied, `tecc records retarget` turns them
+into local ones):
   - winograd_tile(conv call, lanes) and conv_blocks(conv call, producer block, tile)
     for graph_opt's layout pass: Winograd or direct, and the channel blocks (ic_bn,
     oc_bn) of the layer's tuned config, or None (default choice);
   - dense_block(dense call, lanes) for graph_opt's pack_dense_weights: the packing
     block (tile_n) of the tuned config, else the dense template's fallback;
-  - config(workload) for schedules.lower: the tuned config JSON and its source.
-A record whose config is not a point of its template's config space (a knob value
-not among the knob's options, as JSON types them) is never chosen: the next-best
-valid record is, and one warning counts the skipped ones.
+  - config(workload, space) for schedules.lower: the tuned config JSON and its source
+    ("exact", "compatible", "retargeted").
+The config space check, for every template, is here (`_fits`): a record whose config
+is not a point of its template's config space (a knob value not among the knob's
+options, as JSON types them: ConfigSpace.from_json) is never chosen; the next-best
+valid record is, and one warning after the build counts the skipped ones. The space
+is the kernel's own, which the scheduler passes; the graph passes decide layouts
+before the kernel exists, from the spaces the conv and dense templates derive from
+the workload alone (config_spaces).
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ from __future__ import annotations
 import hashlib
 import os
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,13 +35,13 @@ import tvm
 
 from tecc.autotune.records import (
     Choice,
-    Record,
     RecordDatabase,
-    isa_family,
     load_records,
     record_files,
+    target_relation,
     workload_key,
 )
+from tecc.canonical import canonical_json
 from tecc.frontend.ir import Call
 from tecc.graph_opt.layout import WINOGRAD_DEFAULT_TILE, default_winograd_tile, winograd_eligible
 from tecc.graph_opt.pass_manager import TuningCallbacks
@@ -44,6 +51,9 @@ from tecc.schedules.template import templates_for
 from tecc.schedules.templates_conv import CONV2D, DEPTHWISE, WINOGRAD, conv_blocks, conv_workload
 from tecc.schedules.templates_dense import DENSE, DenseLikeTemplate, dense_pack_block
 from tecc.target import TargetInfo, target_info
+
+# The sources of a config that come from a tuning record (CompiledModel.tasks()).
+TUNED_SOURCES = ("exact", "compatible", "retargeted")
 
 RecordsArg = str | os.PathLike | Sequence[str | os.PathLike] | None
 
@@ -64,27 +74,44 @@ class TuningContext:
         self.target: TargetInfo = target_info(target)
         self.target_json = self.target.to_json()
         self.lanes = self.target.vector_lanes() if self.target.is_cpu else 0
+        self.records = load_records(records, warn=True)[0] if records else []
+        self.db = RecordDatabase(self.records)
         self._spaces: dict[str, list[ConfigSpace] | None] = {}
-        self.db = RecordDatabase(load_records(records, warn=True)[0] if records else (),
-                                 valid=self._in_space)
-        warn_outside_space(self.db.invalid)
+        self._outside: dict[tuple[str, str], str] = {}  # (workload, config) -> template
         self.cores = self.target.cores
         self.digest = records_digest(records) if records else None
         self._chosen: dict[str, list[Choice]] = {}
 
-    def _in_space(self, record: Record) -> bool:
-        """Whether a record's config is a point of its template's space here (records
-        of other ISA levels are never chosen for this target: not checked)."""
-        if isa_family(record.target) != self.target.isa_level:
-            return True
-        key = record.key
-        if key not in self._spaces:
-            self._spaces[key] = config_spaces(record.workload, self.target.kind, self.lanes)
-        spaces = self._spaces[key]
-        return spaces is None or any(config_in_space(space, record.config) for space in spaces)
+    def _fits(self, workload: dict[str, Any], space: ConfigSpace | None = None
+              ) -> Callable[[dict[str, Any]], bool]:
+        """Whether a config of `workload` is a point of its template's space: `space`
+        (the kernel's), else the spaces known from the workload (none known: any
+        config passes here, and the scheduler checks it against the kernel's)."""
+        key = workload_key(workload)
+        if space is not None:
+            spaces: list[ConfigSpace] | None = [space]
+        else:
+            if key not in self._spaces:
+                self._spaces[key] = config_spaces(workload, self.target.kind, self.lanes)
+            spaces = self._spaces[key]
 
-    def choose(self, workload: dict[str, Any]):
-        return self.db.choose(workload, self.target_json)
+        def fits(config: dict[str, Any]) -> bool:
+            if spaces is None or any(s.contains(config) for s in spaces):
+                return True
+            self._outside[(key, canonical_json(config))] = str(workload.get("template"))
+            return False
+
+        return fits
+
+    def choose(self, workload: dict[str, Any], space: ConfigSpace | None = None) -> Choice:
+        return (self.db.choose_where(workload, self.target_json, self._fits(workload, space))
+                or Choice(None, "fallback"))
+
+    def choose_where(self, workload: dict[str, Any], wanted: Callable[[dict[str, Any]], bool]
+                     ) -> Choice | None:
+        fits = self._fits(workload)
+        return self.db.choose_where(workload, self.target_json,
+                                    lambda c: fits(c) and wanted(c))
 
     # -- graph_opt callbacks
     def callbacks(self) -> TuningCallbacks:
@@ -120,8 +147,7 @@ class TuningContext:
             # a layout transform between two layers costs more than a few percent of
             # kernel speed (the tuner measures kernels, not the transforms).
             key = "c_bn" if depthwise else "ic_bn"
-            matching = self.db.choose_where(
-                wl, self.target_json, lambda c: int(c.get(key, -1)) == producer_block)
+            matching = self.choose_where(wl, lambda c: c.get(key) == producer_block)
             if matching is not None:
                 choice = matching
         if choice.config is not None:
@@ -134,8 +160,7 @@ class TuningContext:
         """For a conv on NCHW data (the model's input): a config reading it one channel
         at a time (ic_bn 1; NCHW1c is NCHW's bytes) needs no layout_transform before
         the layer, so it wins unless slower by more than that transform costs."""
-        in_place = self.db.choose_where(wl, self.target_json,
-                                        lambda c: int(c.get("ic_bn", -1)) == 1)
+        in_place = self.choose_where(wl, lambda c: c.get("ic_bn") == 1)
         if in_place is None or in_place.config == choice.config or choice.cost_s is None:
             return choice
         transform_s = 2 * data.ty.nbytes / NCHW_TO_BLOCKS_BYTES_PER_S
@@ -146,16 +171,39 @@ class TuningContext:
         return dense_pack_block(wl, self.choose(wl).config, lanes, self.cores)
 
     # -- schedules callback
-    def config(self, workload: dict[str, Any]):
-        # The choices the layout pass made for this workload (one per producer block),
-        # so that blocks and kernel agree: the scheduler takes the one that fits.
-        chosen = self._chosen.get(workload_key(workload))
+    def config(self, workload: dict[str, Any], space: ConfigSpace | None = None):
+        """The config for a kernel's anchor of `workload` whose template's space is
+        `space`: (config JSON, source), a list of them (the layout pass's choices, one
+        per producer block, so that blocks and kernel agree: the scheduler takes the
+        one that fits), or None (the template's fallback)."""
+        fits = self._fits(workload, space)
+        chosen = [c for c in self._chosen.get(workload_key(workload), []) if fits(c.config)]
         if chosen:
             return [(c.config, c.source) for c in chosen]
-        choice = self.choose(workload)
+        choice = self.choose(workload, space)
         if choice.config is None:
             return None
         return choice.config, choice.source
+
+    @property
+    def foreign_count(self) -> int:
+        """Records given whose target is foreign to this one (never applied)."""
+        return sum(target_relation(r.target, self.target_json) == "foreign"
+                   for r in self.records)
+
+    def warn_outside_space(self) -> None:
+        """One warning for the records whose configs were skipped as outside their
+        templates' spaces (after the build: the scheduler checks some)."""
+        if not self._outside:
+            return
+        skipped = [r for r in self.records
+                   if (r.key, r.config_key) in self._outside
+                   and target_relation(r.target, self.target_json) != "foreign"]
+        templates = sorted(set(self._outside.values()))
+        warnings.warn(f"skipped {len(skipped)} tuning record(s) whose config is outside its "
+                      f"template's config space (templates {', '.join(templates)}): a knob "
+                      "value not among its options; the next-best valid record is used. "
+                      "Re-tune these workloads or remove the lines.", stacklevel=3)
 
 
 def config_spaces(workload: dict[str, Any], target_kind: str, lanes: int
@@ -177,32 +225,6 @@ def config_spaces(workload: dict[str, Any], target_kind: str, lanes: int
     except (KeyError, TypeError, ValueError, IndexError, ZeroDivisionError):
         return None
     return None
-
-
-def config_in_space(space: ConfigSpace, config: dict[str, Any]) -> bool:
-    """Whether `config` (JSON) gives every knob of `space` one of its options, with
-    the option's type (1.5, true or "8" is no block size of 8)."""
-    return all(knob.name in config and any(_same_value(config[knob.name], option)
-                                           for option in knob.options)
-               for knob in space.knobs)
-
-
-def _same_value(value: Any, option: Any) -> bool:
-    if isinstance(option, tuple):
-        return (isinstance(value, list | tuple) and len(value) == len(option)
-                and all(map(_same_value, value, option)))
-    return type(value) is type(option) and value == option
-
-
-def warn_outside_space(records: Sequence[Record]) -> None:
-    """One warning for the records whose configs are outside their templates' spaces."""
-    if not records:
-        return
-    templates = sorted({str(r.workload.get("template")) for r in records})
-    warnings.warn(f"skipped {len(records)} tuning record(s) whose config is outside its "
-                  f"template's config space (templates {', '.join(templates)}): a knob "
-                  "value not among its options; the next-best valid record is used. "
-                  "Re-tune these workloads or remove the lines.", stacklevel=4)
 
 
 def records_digest(records: RecordsArg) -> str:
@@ -232,10 +254,17 @@ def task_table(kernels: dict) -> list[dict[str, Any]]:
     return list(table.values())
 
 
-def warn_untuned(tasks: list[dict[str, Any]]) -> None:
-    untuned = [t for t in tasks if t["source"] not in ("exact", "compatible")]
+def warn_untuned(tasks: list[dict[str, Any]], foreign_records: int = 0) -> None:
+    """One warning listing the workloads without a tuning record (and how the others
+    got theirs); `foreign_records`: records of other targets given, not applied."""
+    untuned = [t for t in tasks if t["source"] not in TUNED_SOURCES]
     if not untuned:
         return
+    tuned = ", ".join(f"{sum(t['source'] == s for t in tasks)} {s}" for s in TUNED_SOURCES)
     lines = "\n".join(f"  {t['template']}: {t['workload_key']}" for t in untuned)
+    hint = (f"; {foreign_records} record(s) of other vector widths or core counts were not "
+            "applied: `tecc records retarget FILES -o LOCAL --model MODEL` measures their "
+            "best configs here in a few minutes" if foreign_records else "")
     warnings.warn(f"{len(untuned)} of {len(tasks)} workload(s) have no tuning record for "
-                  f"this target (fallback configs used):\n{lines}", stacklevel=3)
+                  f"this target (fallback configs used; {tuned}){hint}:\n{lines}",
+                  stacklevel=3)

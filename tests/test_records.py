@@ -55,7 +55,8 @@ def test_choice_prefers_exact_then_compatible_then_fallback(tmp_path):
                          rec(ZEN, 5e-4, 32)])
     exact = db.choose(DENSE, AVX2)
     assert exact.source == "exact" and exact.config == {"tile": 8}
-    compatible = db.choose(DENSE, {"kind": "llvm", "mcpu": "haswell", "num-cores": 4})
+    # haswell: AVX2 as znver3, other features, znver3's core count
+    compatible = db.choose(DENSE, {"kind": "llvm", "mcpu": "haswell", "num-cores": 16})
     assert compatible.source == "compatible" and compatible.config == {"tile": 32}
     assert db.choose(DENSE, AVX512).source == "fallback"
     other = dict(DENSE, shapes=[[1, 2], [3, 2]])
@@ -89,12 +90,13 @@ def test_isa_family_comes_from_the_cpus_features_not_its_name():
     assert isa_family({"kind": "llvm", "mcpu": "notacpu"}) == "llvm-notacpu"
 
 
-def test_records_of_an_earlier_host_name_are_compatible():
-    # records measured when the host was named sapphirerapids serve it as emeraldrapids
+def test_records_of_an_earlier_host_name_are_exact():
+    # records measured when the host was named sapphirerapids serve it as emeraldrapids:
+    # LLVM gives both names one feature set
     db = RecordDatabase([rec({"kind": "llvm", "mcpu": "sapphirerapids", "num-cores": 2},
                              1e-3, 8)])
     choice = db.choose(DENSE, {"kind": "llvm", "mcpu": "emeraldrapids", "num-cores": 2})
-    assert choice.source == "compatible" and choice.config == {"tile": 8}
+    assert choice.source == "exact" and choice.config == {"tile": 8}
     assert db.choose(DENSE, AVX2).source == "fallback"  # AVX2: another ISA level
 
 
@@ -146,8 +148,9 @@ def test_latest_verification_session_decides_by_median(tmp_path):
     # no session among the configs that fit: the best single measurement
     assert RecordDatabase(lucky + older).choose_where(
         DENSE, AVX2, lambda c: c["tile"] == 8).config == {"tile": 8}
-    # a session on a compatible target also decides there
-    assert RecordDatabase(records).choose(DENSE, ZEN).config == {"tile": 8}
+    # a session on a compatible target (same width and cores) also decides there
+    assert RecordDatabase(records).choose(DENSE, dict(ZEN, **{"num-cores": 2})
+                                          ).config == {"tile": 8}
 
     from tecc.autotune.records import best_records
 
@@ -166,3 +169,74 @@ def test_verify_field_must_name_a_session(tmp_path):
         warnings.simplefilter("always")
         records, skipped = load_records(path)
     assert skipped == 1 and records[0].verify == "s1"
+
+
+# -- how a record's target relates to the compile target: ISA features and cores
+
+HASWELL = {"kind": "llvm", "mcpu": "haswell", "num-cores": 2}
+EMERALD = {"kind": "llvm", "mcpu": "emeraldrapids", "num-cores": 2}
+
+
+def test_another_cpu_name_with_identical_features_is_exact():
+    from tecc.autotune.records import target_relation
+
+    # LLVM gives core-avx2 and haswell one feature set: the name does not matter
+    assert target_relation(AVX2, HASWELL) == "exact"
+    choice = RecordDatabase([rec(AVX2, 1e-3, 8)]).choose(DENSE, HASWELL)
+    assert choice.source == "exact" and choice.config == {"tile": 8}
+
+
+def test_same_vector_width_and_cores_other_features_is_compatible():
+    from tecc.autotune.records import target_relation
+
+    assert target_relation(AVX512, EMERALD) == "compatible"  # skylake-avx512: fewer features
+    db = RecordDatabase([rec(AVX512, 1e-3, 8), rec(AVX2, 1e-4, 4)])
+    choice = db.choose(DENSE, EMERALD)
+    assert choice.source == "compatible" and choice.config == {"tile": 8}
+    # an exact record wins over a faster compatible one
+    db.add(rec(dict(EMERALD, mcpu="sapphirerapids"), 2e-3, 16))
+    assert db.choose(DENSE, EMERALD).config == {"tile": 16}
+
+
+def test_other_core_counts_and_other_widths_are_foreign_and_not_applied():
+    from tecc.autotune.records import target_relation
+
+    more_cores = dict(EMERALD, **{"num-cores": 16})
+    assert target_relation(more_cores, EMERALD) == "foreign"
+    assert target_relation(AVX2, EMERALD) == "foreign"
+    assert target_relation(dict(AVX2, **{"num-cores": 4}), HASWELL) == "foreign"
+    db = RecordDatabase([rec(more_cores, 1e-4, 8), rec(AVX2, 1e-4, 4)])
+    assert db.choose(DENSE, EMERALD).source == "fallback"
+    assert db.choose(DENSE, dict(HASWELL, **{"num-cores": 16})).source == "fallback"
+
+
+def test_an_unknown_cpu_matches_only_its_identical_target():
+    from tecc.autotune.records import target_relation
+
+    unknown = {"kind": "llvm", "mcpu": "notacpu", "num-cores": 2}
+    assert target_relation(unknown, dict(unknown)) == "exact"
+    assert target_relation(unknown, dict(unknown, mtriple="x86_64-linux-gnu")) == "foreign"
+    assert target_relation(unknown, AVX2) == "foreign"
+    db = RecordDatabase([rec(unknown, 1e-3, 8)])
+    assert db.choose(DENSE, unknown).source == "exact"
+    assert db.choose(DENSE, AVX2).source == "fallback"
+
+
+def test_cuda_records_relate_by_arch():
+    from tecc.autotune.records import target_relation
+
+    h100 = {"kind": "cuda", "arch": "sm_90"}
+    assert target_relation(h100, dict(h100, **{"max_num_threads": 1024})) == "exact"
+    assert target_relation({"kind": "cuda", "arch": "sm_80"}, h100) == "foreign"
+
+
+def test_a_retarget_session_is_reported_until_a_later_session_decides():
+    from tecc.autotune.records import RETARGET_SESSION
+
+    retarget = _session(RETARGET_SESSION + "1", 10.0, {4: [2e-3] * 3, 8: [1e-3] * 3})
+    db = RecordDatabase([rec(AVX2, 0.5e-3, 16), *retarget])
+    choice = db.choose(DENSE, AVX2)
+    assert choice.source == "retargeted" and choice.config == {"tile": 8}
+    db = RecordDatabase([*retarget, *_session("2", 20.0, {8: [1e-3] * 3, 16: [0.9e-3] * 3})])
+    choice = db.choose(DENSE, AVX2)
+    assert choice.source == "exact" and choice.config == {"tile": 16}

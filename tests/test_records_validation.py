@@ -209,3 +209,79 @@ def test_tecc_tune_on_a_busy_records_file_says_so(tmp_path, monkeypatch):
         with pytest.raises(SystemExit, match="tecc tune: another tuning run is writing"):
             main(["tune", "tests.models:mlp_example", "--records", str(path), "--trials",
                   "1", "--tuner", "random"])
+
+
+# -- the space check is the same for every template: the next-best valid record wins
+
+def _wrong_value(option):
+    """A value a record might hold for a knob of options like `option`, but no option:
+    of the wrong JSON type, or a split of the wrong length."""
+    if isinstance(option, tuple):
+        return list(option) + [1]
+    if isinstance(option, bool):
+        return int(option)
+    if isinstance(option, int):
+        return float(option)
+    return option + "_x"
+
+
+class _Unary(torch.nn.Module):
+    def __init__(self, fn) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fn(x)
+
+
+CASES = {
+    "injective": (lambda: _Unary(lambda x: torch.relu(x * 2.0 + 1.0)), (8, 64), 3),
+    "pool": (lambda: torch.nn.MaxPool2d(3, 2, 1), (1, 16, 14, 14), 3),
+    "reduce": (lambda: _Unary(lambda x: x.sum(dim=-1)), (8, 256), 3),
+    "softmax": (lambda: torch.nn.Softmax(dim=-1), (8, 256), 3),
+    "layer_norm": (lambda: torch.nn.LayerNorm(256), (8, 256), 3),
+    "depthwise_conv2d_NCHWc": (lambda: torch.nn.Conv2d(32, 32, 3, 1, 1, groups=32),
+                               (1, 32, 14, 14), 3),
+    "conv2d_winograd_NCHWc": (lambda: torch.nn.Conv2d(32, 32, 3, 1, 1), (1, 32, 28, 28), 3),
+    "conv2d": (lambda: torch.nn.Conv2d(16, 32, 3, 1, 1), (1, 16, 10, 10), 0),
+}
+
+
+@pytest.mark.parametrize("template", sorted(CASES))
+def test_every_templates_config_outside_the_space_loses_to_the_next_best(tmp_path, template):
+    from tecc.schedules.tasks import extract_tasks
+
+    from tecc.api import fused_graph
+
+    make, shape, opt_level = CASES[template]
+    torch.manual_seed(0)
+    model = make().eval()
+    x = torch.randn(*shape)
+    want = model(x).detach().numpy()
+    _, fused, _, _, info = fused_graph(model, [x], "llvm", opt_level, None, None, {})
+    tasks = [t for t in extract_tasks(fused, info.tvm_target) if t.template == template]
+    assert len(tasks) == 1, [t.template for t in extract_tasks(fused, info.tvm_target)]
+    task = tasks[0]
+    space, fallback = task.space, task.fallback_config()
+    # a valid config other than the fallback (the layout knobs kept: the graph's
+    # layout follows the record, the kernel reads it)
+    layout = {"ic_bn", "oc_bn", "c_bn"}
+    good = next(c for c in space if c.index != fallback.index and all(
+        c[k] == fallback[k] for k in layout & set(c))).to_json()
+    knob = next(k for k in space.knobs if len(k) > 1 and k.name not in layout)
+    bad = dict(good, **{knob.name: _wrong_value(fallback[knob.name])})
+    assert not space.contains(bad)
+    path = tmp_path / "records.jsonl"
+    with open(path, "w") as f:
+        for config, cost in ((bad, 1e-7), (good, 1e-3)):
+            f.write(json.dumps({"version": 1, "target": target_to_json(info.tvm_target),
+                                "workload": task.workload, "config": config,
+                                "costs_s": [cost], "error": None}) + "\n")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tuned = tecc.compile(model, [x], opt_level=opt_level, records=[path])
+    (got,) = [t for t in tuned.tasks() if t["template"] == template]
+    assert got["source"] == "exact" and got["config"] == good
+    np.testing.assert_allclose(tuned(x).numpy(), want, rtol=1e-4, atol=1e-4)
+    outside = [str(w.message) for w in caught if "outside" in str(w.message)]
+    assert len(outside) == 1 and "1 tuning record" in outside[0]

@@ -1,0 +1,162 @@
+"""Retargeting: records of another machine (another vector width or core count) are
+never applied as they are; a retarget run measures their best configs that are valid
+here, and the fallback, and writes local records that compile reports "retargeted"
+and a later tuning run continues from."""
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from tecc.autotune.records import RETARGET_SESSION, load_records, target_relation
+from tecc.schedules.tasks import extract_tasks
+
+import tecc
+from tecc.api import fused_graph
+from tecc.cli import main
+from tecc.target import target_info
+
+FOREIGN_CONFIGS = 5  # valid foreign configs written per workload
+
+
+def conv_example():
+    """One conv and its ReLU (a `tecc` CLI model factory)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(16, 32, 3, 1, 1), torch.nn.ReLU()).eval()
+    return model, (torch.randn(1, 16, 12, 12),)
+
+
+def _wrong(value):
+    return float(value) if isinstance(value, int) and not isinstance(value, bool) else [value]
+
+
+@pytest.fixture(scope="module")
+def foreign(tmp_path_factory):
+    """Records of the conv's workloads for this host's CPU with one core more (a
+    foreign target): per workload, FOREIGN_CONFIGS valid configs of this target's
+    space other than the fallback (costs rising in order), a faster config outside
+    the space and a failed one. Returns (path, {workload key: (valid configs in rank
+    order, fallback)}, the local target JSON)."""
+    model, inputs = conv_example()
+    _, fused, _, _, info = fused_graph(model, inputs, "llvm", 3, None, None, {})
+    local = info.to_json()
+    other = dict(local, **{"num-cores": info.cores + 1})
+    assert target_relation(other, local) == "foreign"
+    path = tmp_path_factory.mktemp("foreign") / "foreign.jsonl"
+    expected = {}
+    with open(path, "w") as f:
+        def write(task, config, cost, error=None):
+            f.write(json.dumps({"version": 1, "target": other, "workload": task.workload,
+                                "config": config, "costs_s": [] if error else [cost],
+                                "error": error, "timestamp": 1.0}) + "\n")
+
+        for task in extract_tasks(fused, info.tvm_target):
+            if task.template == "injective":
+                continue  # a workload without foreign records is left alone
+            fallback = task.fallback_config()
+            configs = [c for c in task.space if c.index != fallback.index][:FOREIGN_CONFIGS]
+            for rank, config in enumerate(configs):
+                write(task, config.to_json(), 1e-3 * (rank + 1))
+            knob = next(k.name for k in task.space.knobs if len(k) > 1)
+            write(task, dict(configs[0].to_json(), **{knob: _wrong(configs[0][knob])}), 1e-5)
+            write(task, configs[-1].to_json(), 0, error="run_error: crashed")
+            expected[json.dumps(task.workload, sort_keys=True)] = (configs, fallback)
+    assert expected
+    return path, expected, local
+
+
+def _key(config):
+    return json.dumps(config, sort_keys=True)
+
+
+def _by_workload(records):
+    out = {}
+    for r in records:
+        out.setdefault(json.dumps(r.workload, sort_keys=True), []).append(r)
+    return out
+
+
+def test_retarget_measures_the_best_valid_foreign_configs_and_the_fallback(foreign, tmp_path,
+                                                                           capsys):
+    path, expected, local = foreign
+    model, inputs = conv_example()
+    want = model(*inputs).detach().numpy()
+    # as they are, foreign records are not applied
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        untuned = tecc.compile(model, inputs, records=[path])
+    assert {t["source"] for t in untuned.tasks()} <= {"fallback"}
+    assert any("tecc records retarget" in str(w.message) for w in caught)
+
+    records = tmp_path / "local.jsonl"
+    states = tecc.retarget(model, inputs, foreign=path, records=records, k=3, rounds=2,
+                           progress=False)
+    assert len(states) == len(expected) and all(s.measured == 3 for s in states)
+    lines, skipped = load_records(records)
+    assert skipped == 0
+    assert len({r.verify for r in lines}) == 1
+    assert lines[0].verify.startswith(RETARGET_SESSION)
+    assert all(r.target == local and r.ok for r in lines)
+    by_workload = _by_workload(lines)
+    assert set(by_workload) == set(expected)
+    for key, (configs, fallback) in expected.items():
+        measured = [r.config for r in by_workload[key]]
+        wanted = [c.to_json() for c in configs[:3]] + [fallback.to_json()]
+        # the 3 best valid configs (the one outside the space skipped) and the
+        # fallback, each once per round
+        assert sorted(map(_key, measured)) == sorted(map(_key, wanted * 2))
+
+    tuned = tecc.compile(model, inputs, records=[records])
+    retargeted = [t for t in tuned.tasks() if t["template"] != "injective"]
+    assert retargeted and all(t["source"] == "retargeted" for t in retargeted)
+    np.testing.assert_allclose(tuned(*inputs).numpy(), want, rtol=1e-4, atol=1e-4)
+
+    # a later tuning run resumes from the retargeted records, and its own
+    # verification session (of two configs and the fallback) then decides
+    capsys.readouterr()
+    tecc.tune(model, inputs, records=records, trials=2, tuner="random", verify_top=2,
+              verify_rounds=1)
+    assert f"resumed from {4 * len(expected)} earlier measurement(s)" in capsys.readouterr().out
+    tuned = tecc.compile(model, inputs, records=[records])
+    assert {t["source"] for t in tuned.tasks() if t["template"] != "injective"} == {"exact"}
+    np.testing.assert_allclose(tuned(*inputs).numpy(), want, rtol=1e-4, atol=1e-4)
+
+
+def test_retarget_without_foreign_records_says_what_it_needs(tmp_path):
+    model, inputs = conv_example()
+    with pytest.raises(ValueError, match="records of another machine"):
+        tecc.retarget(model, inputs, records=tmp_path / "none.jsonl", progress=False)
+
+
+def test_the_cli_retargets_compiles_and_shows_how_records_relate(foreign, tmp_path, capsys,
+                                                                 monkeypatch):
+    path, expected, _ = foreign
+    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent.parent))
+    spec = "tests.test_retarget:conv_example"
+    assert main(["records", "show", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert f"foreign for llvm ({target_info('llvm').cpu}" in out
+
+    local = tmp_path / "local.jsonl"
+    assert main(["records", "retarget", str(path), "-o", str(local), "--model", spec,
+                 "--k", "1", "--rounds", "1"]) == 0
+    assert "speedup" in capsys.readouterr().out
+    lines, _ = load_records(local)
+    assert len(lines) == 2 * len(expected) and lines[0].verify.startswith(RETARGET_SESSION)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(["compile", spec, "--records", str(local), "-o",
+                     str(tmp_path / "m.tar")]) == 0
+    out = capsys.readouterr().out
+    assert f"{len(expected)} retargeted" in out
+    assert sum(line.startswith("retargeted ") for line in out.splitlines()) == len(expected)
+
+    # tecc tune --retarget: the foreign records as --transfer, into --records
+    again = tmp_path / "again.jsonl"
+    assert main(["tune", spec, "--retarget", "--records", str(again), "--transfer", str(path),
+                 "--k", "1", "--rounds", "1"]) == 0
+    lines, _ = load_records(again)
+    assert len(lines) == 2 * len(expected) and lines[0].verify.startswith(RETARGET_SESSION)
+    with pytest.raises(SystemExit, match="--model MODEL and -o LOCAL"):
+        main(["records", "retarget", str(path)])

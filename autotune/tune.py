@@ -19,6 +19,8 @@ or that loses to the untuned fallback, is not used.
 
 from __future__ import annotations
 
+import functools
+import json
 import math
 import os
 import time
@@ -44,6 +46,9 @@ from tecc.autotune.transfer import TransferSource
 from tecc.autotune.tuner import Tuner, make_tuner
 from tecc.schedules.space import Config
 from tqdm import tqdm
+
+from tecc.canonical import canonical_json
+from tecc.target import target_to_json
 
 
 def estimate_flops(task: Any) -> float:
@@ -481,11 +486,13 @@ def foreign_candidates(task: Any, records: Sequence[Record]) -> tuple[list[Confi
     key = workload_key(task.workload)
     costs: dict[tuple[str, str], list[float]] = {}
     configs: dict[str, dict[str, Any]] = {}
+    target_of: dict[str, dict[str, Any]] = {}
     for r in records:
         if r.key == key and r.ok:
             tkey = exact_target_key(r.target)
             costs.setdefault((tkey, r.config_key), []).append(r.cost)
             configs.setdefault(r.config_key, r.config)
+            target_of.setdefault(r.config_key, r.target)
     medians = {k: float(np.median(c)) for k, c in costs.items()}
     best_of_target: dict[str, float] = {}
     for (tkey, _), cost in medians.items():
@@ -493,15 +500,45 @@ def foreign_candidates(task: Any, records: Sequence[Record]) -> tuple[list[Confi
     rank: dict[str, float] = {}
     for (tkey, ckey), cost in medians.items():
         rank[ckey] = min(rank.get(ckey, math.inf), cost / best_of_target[tkey])
+    local_bits = _vector_bits(canonical_json(target_to_json(task.tvm_target)))
     ranked: list[Config] = []
     for ckey in sorted(rank, key=lambda c: (rank[c], c)):
-        try:
-            config = task.space.from_json(configs[ckey])
-        except (KeyError, ValueError):
-            continue  # not a point of this target's space (another vector width's blocks)
-        if all(c.index != config.index for c in ranked):
-            ranked.append(config)
+        # the config scaled to this vector width first, then as it was measured
+        ratio = local_bits / _vector_bits(canonical_json(target_of[ckey]))
+        for values in (scaled_to_lanes(configs[ckey], task, ratio), configs[ckey]):
+            try:
+                config = task.space.from_json(values)
+            except (KeyError, ValueError):
+                continue  # not a point of this target's space
+            if all(c.index != config.index for c in ranked):
+                ranked.append(config)
     return ranked, min(best_of_target.values(), default=math.inf)
+
+
+@functools.cache
+def _vector_bits(target_json: str) -> int:
+    from tecc.target import target_from_json, target_info
+
+    try:
+        return target_info(target_from_json(json.loads(target_json))).vector_bits
+    except (ValueError, TypeError, RuntimeError):
+        return 0
+
+
+def scaled_to_lanes(config: dict[str, Any], task: Any, ratio: float) -> dict[str, Any]:
+    """`config` (JSON) with the template's lane knobs (Template.lane_knobs) scaled by
+    `ratio`, the local vector width over the measuring machine's, where the scaled
+    value is one of the knob's options here; other values are kept."""
+    if ratio <= 0 or ratio == 1:
+        return config
+    options = {k.name: k.options for k in task.space.knobs}
+    scaled = dict(config)
+    for knob in task.template_obj.lane_knobs:
+        value = config.get(knob)
+        if isinstance(value, int) and not isinstance(value, bool) and \
+                float(value * ratio).is_integer() and int(value * ratio) in options.get(knob, ()):
+            scaled[knob] = int(value * ratio)
+    return scaled
 
 
 def retarget_tasks(

@@ -47,6 +47,12 @@ def share(fallback_ms: float, tuned_ms: float, full_ms: float) -> float:
     return (fallback_ms / tuned_ms - 1) / (fallback_ms / full_ms - 1)
 
 
+def _shown(path: str) -> str:
+    """`path` relative to the repository when it lies inside it."""
+    resolved = Path(path).resolve()
+    return str(resolved.relative_to(ROOT)) if resolved.is_relative_to(ROOT) else path
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -104,8 +110,8 @@ def main() -> None:
          "share of full tuning's speedup", "retargeted configs"],
         rows,
         [f"Host: {host_line()}; {args.threads} threads.",
-         f"Foreign records: {args.foreign}; full local records: "
-         f"{args.local if have_local else 'none (column skipped)'}; retarget budget "
+         f"Foreign records: {_shown(args.foreign)}; full local records: "
+         f"{_shown(args.local) if have_local else 'none (column skipped)'}; retarget budget "
          f"{args.time_budget:.0f} s, k = {args.k}.",
          "share = (fallback / retargeted - 1) / (fallback / full - 1). Medians over "
          f"{args.rounds} interleaved rounds. Command: `python benchmarks/retarget.py`."],

@@ -130,6 +130,10 @@ class Template:
     name: str = ""
     aliases: tuple[str, ...] = ()
     target_kind: str = "llvm"  # the TVM target kind it schedules for ("llvm", "cuda")
+    # Knobs counted in vector lanes (channel blocks, packing blocks, vector widths): a
+    # config measured on a CPU of another vector width is retargeted with these
+    # scaled to this target's width (AVX2's oc_bn 8 becomes AVX-512's 16).
+    lane_knobs: tuple[str, ...] = ()
 
     def workload(self, call: Any, kind: str) -> dict[str, Any]:
         """The workload dict of the anchor IR Call `call` (an op Call whose compute

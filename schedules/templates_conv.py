@@ -151,6 +151,7 @@ class _ConvBase(Template):
 
 class Conv2dNCHWcTemplate(_ConvBase):
     name = "conv2d_NCHWc"
+    lane_knobs = ("ic_bn", "oc_bn")
 
     def space_for(self, wl: dict[str, Any], lanes: int) -> ConfigSpace:
         d = conv_dims(wl)
@@ -193,6 +194,7 @@ class Conv2dNCHWcTemplate(_ConvBase):
 
 class DepthwiseNCHWcTemplate(_ConvBase):
     name = "depthwise_conv2d_NCHWc"
+    lane_knobs = ("c_bn",)
 
     def space_for(self, wl: dict[str, Any], lanes: int) -> ConfigSpace:
         d = conv_dims(wl)

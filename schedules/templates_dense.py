@@ -116,6 +116,7 @@ def dense_fallback_values(m: int, n: int, k: int, lanes: int, cores: int,
 
 
 class DenseLikeTemplate(Template):
+    lane_knobs = ("tile_n",)
     packs_always: tuple[str, ...] = ()  # kinds whose B must be packed in the kernel
     pack_choice_kinds: tuple[str, ...] = ()  # kinds where packing B is a knob
 

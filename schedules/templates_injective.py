@@ -40,6 +40,7 @@ class InjectiveTemplate(Template):
     Ragged splits keep TVM's predicate: every value is valid for every shape."""
 
     name = INJECTIVE_KIND
+    lane_knobs = ("vec",)
 
     def workload(self, call: Call, kind: str) -> dict[str, Any]:
         """`call`: a call of the group's primitive Function (on its own params)."""

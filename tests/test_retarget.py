@@ -160,3 +160,23 @@ def test_the_cli_retargets_compiles_and_shows_how_records_relate(foreign, tmp_pa
     assert len(lines) == 2 * len(expected) and lines[0].verify.startswith(RETARGET_SESSION)
     with pytest.raises(SystemExit, match="--model MODEL and -o LOCAL"):
         main(["records", "retarget", str(path)])
+
+
+def test_configs_of_another_vector_width_are_tried_scaled_to_this_one():
+    """An AVX2 record's channel blocks (8 lanes) become AVX-512's (16 lanes) as the
+    first candidate, the config as measured follows where it is valid here."""
+    from tecc.autotune.records import Record
+    from tecc.autotune.tune import foreign_candidates
+
+    model, inputs = conv_example()
+    _, fused, _, _, info = fused_graph(model, inputs, "llvm:skylake-avx512", 3, None, None, {})
+    conv = next(t for t in extract_tasks(fused, info.tvm_target)
+                if "oc_bn" in t.template_obj.lane_knobs)
+    avx2 = {"kind": "llvm", "mcpu": "core-avx2", "num-cores": info.cores}
+    assert target_relation(avx2, info.to_json()) == "foreign"
+    measured = dict(conv.fallback_config().to_json(), ic_bn=8, oc_bn=8)
+    record = Record(target=avx2, workload=conv.workload, config=measured, costs_s=[1e-3])
+    candidates, _ = foreign_candidates(conv, [record])
+    assert [(c["ic_bn"], c["oc_bn"]) for c in candidates] == [(16, 16), (8, 8)]
+    assert all(c[k] == measured[k] for c in candidates for k in measured
+               if k not in ("ic_bn", "oc_bn"))

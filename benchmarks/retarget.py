@@ -64,7 +64,7 @@ def main() -> None:
     parser.add_argument("--time-budget", type=float, default=180.0,
                         help="seconds for each model's retarget run")
     parser.add_argument("--k", type=int, default=8)
-    parser.add_argument("--rounds", type=int, default=7, help="latency rounds")
+    parser.add_argument("--rounds", type=int, default=21, help="latency rounds")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--output", default="retarget")
     args = parser.parse_args()

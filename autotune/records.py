@@ -64,6 +64,8 @@ def workload_key(workload: dict[str, Any]) -> str:
 
 
 RETARGET_SESSION = "retarget-"  # the name prefix of a retarget run's session
+RETARGET_K = 8  # foreign configs measured per task at most
+RETARGET_BUDGET_S = 180.0  # seconds for a whole retarget run
 
 
 def isa_family(target: dict[str, Any]) -> str:
@@ -94,10 +96,15 @@ def target_relation(record_target: dict[str, Any], target: dict[str, Any]) -> st
     return "foreign"
 
 
+def vector_bits(target: dict[str, Any]) -> int:
+    """The vector width of a record's target JSON (0 for a CPU LLVM does not know)."""
+    return _target_keys(canonical_json(target))[3]
+
+
 @functools.cache
-def _target_keys(target_json: str) -> tuple[str, str, str]:
-    """(exact key, compatible key, isa level) of a target JSON, from LLVM's features
-    of its CPU; computed once per target spelling."""
+def _target_keys(target_json: str) -> tuple[str, str, str, int]:
+    """(exact key, compatible key, isa level, vector bits) of a target JSON, from
+    LLVM's features of its CPU; computed once per target spelling."""
     from tecc.target import target_from_json, target_info
 
     target = json.loads(target_json)
@@ -107,15 +114,15 @@ def _target_keys(target_json: str) -> tuple[str, str, str]:
     except (ValueError, TypeError, RuntimeError):
         # a CPU this LLVM does not know (or no target at all): only itself matches
         own = canonical_json({"target": target})
-        return own, own, f"{target.get('kind') or 'llvm'}-{target.get('mcpu') or 'generic'}"
+        return own, own, f"{target.get('kind') or 'llvm'}-{target.get('mcpu') or 'generic'}", 0
     level = info.isa_level
     if info.is_gpu:
         own = canonical_json({"kind": info.kind, "arch": info.arch})
-        return own, own, level
+        return own, own, level, info.vector_bits
     exact = canonical_json({"kind": info.kind, "machine": info.machine,
                             "features": sorted(info.features), "cores": cores})
     compatible = canonical_json({"kind": info.kind, "isa": level, "cores": cores})
-    return exact, compatible, level
+    return exact, compatible, level, info.vector_bits
 
 
 def host_info() -> dict[str, Any]:

@@ -19,8 +19,6 @@ or that loses to the untuned fallback, is not used.
 
 from __future__ import annotations
 
-import functools
-import json
 import math
 import os
 import time
@@ -33,12 +31,15 @@ import numpy as np
 from tecc.autotune.builder import Builder, LocalBuilder, remove_built
 from tecc.autotune.measure import MeasureInput, measure_batch, record_of, run_built
 from tecc.autotune.records import (
+    RETARGET_BUDGET_S,
+    RETARGET_K,
     RETARGET_SESSION,
     Record,
     RecordWriter,
     exact_target_key,
     load_records,
     records_lock,
+    vector_bits,
     workload_key,
 )
 from tecc.autotune.runner import LocalRunner, Runner
@@ -47,8 +48,7 @@ from tecc.autotune.tuner import Tuner, make_tuner
 from tecc.schedules.space import Config
 from tqdm import tqdm
 
-from tecc.canonical import canonical_json
-from tecc.target import target_to_json
+from tecc.target import target_info
 
 
 def estimate_flops(task: Any) -> float:
@@ -434,8 +434,6 @@ def model_time_estimate(states: Sequence[TaskState]) -> float:
 
 # -- retargeting: a quick local tuning from another machine's records
 
-RETARGET_K = 8  # foreign configs measured per task at most
-RETARGET_BUDGET_S = 180.0
 RUN_OVERHEAD_S = 0.1  # a measured candidate's seconds besides its timed calls
 
 
@@ -500,11 +498,12 @@ def foreign_candidates(task: Any, records: Sequence[Record]) -> tuple[list[Confi
     rank: dict[str, float] = {}
     for (tkey, ckey), cost in medians.items():
         rank[ckey] = min(rank.get(ckey, math.inf), cost / best_of_target[tkey])
-    local_bits = _vector_bits(canonical_json(target_to_json(task.tvm_target)))
+    local_bits = target_info(task.tvm_target).vector_bits
     ranked: list[Config] = []
     for ckey in sorted(rank, key=lambda c: (rank[c], c)):
         # the config scaled to this vector width first, then as it was measured
-        ratio = local_bits / _vector_bits(canonical_json(target_of[ckey]))
+        foreign_bits = vector_bits(target_of[ckey])
+        ratio = local_bits / foreign_bits if foreign_bits else 1.0
         for values in (scaled_to_lanes(configs[ckey], task, ratio), configs[ckey]):
             try:
                 config = task.space.from_json(values)
@@ -515,21 +514,11 @@ def foreign_candidates(task: Any, records: Sequence[Record]) -> tuple[list[Confi
     return ranked, min(best_of_target.values(), default=math.inf)
 
 
-@functools.cache
-def _vector_bits(target_json: str) -> int:
-    from tecc.target import target_from_json, target_info
-
-    try:
-        return target_info(target_from_json(json.loads(target_json))).vector_bits
-    except (ValueError, TypeError, RuntimeError):
-        return 0
-
-
 def scaled_to_lanes(config: dict[str, Any], task: Any, ratio: float) -> dict[str, Any]:
     """`config` (JSON) with the template's lane knobs (Template.lane_knobs) scaled by
     `ratio`, the local vector width over the measuring machine's, where the scaled
     value is one of the knob's options here; other values are kept."""
-    if ratio <= 0 or ratio == 1:
+    if ratio == 1:
         return config
     options = {k.name: k.options for k in task.space.knobs}
     scaled = dict(config)
@@ -563,8 +552,7 @@ def retarget_tasks(
     largest share of the model's estimated time (weight x foreign cost), while the
     measured build and estimated run times fit. Tasks without foreign records of
     their workload get none (their fallback stays). Returns the retargeted tasks."""
-    started = time.perf_counter()
-    deadline = started + time_budget_s
+    deadline = time.perf_counter() + time_budget_s
     states = []
     for task, weight in zip(tasks, weights, strict=True):
         candidates, cost = foreign_candidates(task, foreign)
@@ -605,11 +593,11 @@ def retarget_tasks(
             for s in states:
                 inputs = [MeasureInput(s.task, c) for c in s.configs]
                 groups.append((inputs, [built[(id(s), inp.config.index)] for inp in inputs]))
-            by_task = {task_key_of(s.task): s for s in states}
+            by_task = {workload_key(s.task.workload): s for s in states}
 
             def measured(inp: MeasureInput, result: Any) -> None:
                 writer.write(record_of(inp, result, verify=session))
-                by_task[task_key_of(inp.task)].costs.setdefault(inp.config.index, []).append(
+                by_task[workload_key(inp.task.workload)].costs.setdefault(inp.config.index, []).append(
                     result.cost)
 
             bar = tqdm(total=rounds, disable=not progress, unit="round",
@@ -621,10 +609,6 @@ def retarget_tasks(
         finally:
             remove_built(list(built.values()))
     return states
-
-
-def task_key_of(task: Any) -> str:
-    return workload_key(task.workload)
 
 
 def _allot(states: Sequence[RetargetState], k: int, per_build_s: float, rounds: int,

@@ -25,7 +25,7 @@ sys.path.append(str(Path(__file__).resolve().parents[1]))
 
 import tecc  # noqa: E402
 from benchmarks.common import RESULTS, write_table  # noqa: E402
-from tests.models import MLP, MobileNetV2, bert_encoder, resnet18  # noqa: E402
+from tests.models import MLP, MatMul, MobileNetV2, bert_encoder, resnet18  # noqa: E402
 from tests.util import max_rel_error, to_cpu  # noqa: E402
 
 STORE = RESULTS / "e2e_gpu.json"
@@ -125,10 +125,6 @@ def run_model(name: str, batch: int, competitors: list[str]) -> dict:
 
 
 def run_gemm(n: int) -> dict:
-    class MatMul(torch.nn.Module):
-        def forward(self, a, b):
-            return a @ b
-
     gen = torch.Generator().manual_seed(0)
     a, b = (torch.randn(n, n, generator=gen) for _ in range(2))
     cm = tecc.compile(MatMul(), (a, b), target="cuda")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import multiprocessing
 import os
 import sys
 import tempfile
@@ -25,11 +26,6 @@ sys.path.append(str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import write_table  # noqa: E402
 
 SHAPES = "1024x1024x1024,2048x768x3072,128x768x768,49x512x4608"
-
-
-class MatMul(torch.nn.Module):
-    def forward(self, a, b):
-        return a @ b
 
 
 def configs() -> list[dict]:
@@ -48,19 +44,13 @@ def configs() -> list[dict]:
 def _build(job: tuple[int, int, int, dict | None, str]) -> tuple[str, str | None]:
     """Build one kernel into `path` (None: the template's fallback); the error if any."""
     import tvm
-    from tecc.frontend.ir import Call, Function, post_order
-    from tecc.schedules.lower import lower_primitive
 
-    from tecc.api import fused_graph
     from tecc.cuda_toolchain import compile_cuda
+    from tests.util import lowered_matmul
 
     m, n, k, config, path = job
     try:
-        a, b = torch.randn(m, k), torch.randn(k, n)
-        _, part, _, _, info = fused_graph(MatMul(), (a, b), "cuda", 3, None, None, {})
-        prim_fn = next(c.op for c in post_order(part.body)
-                       if isinstance(c, Call) and isinstance(c.op, Function))
-        prim = lower_primitive(prim_fn, "mm", info.tvm_target, config)
+        prim, _, info = lowered_matmul(torch.randn(m, k), torch.randn(k, n), "cuda", config)
         compile_cuda(tvm.IRModule({"mm": prim}), info.tvm_target).export_library(path)
         return path, None
     except Exception as err:  # noqa: BLE001 - reported in the table
@@ -112,8 +102,6 @@ def _time_shape(m: int, n: int, k: int, paths: list[str], out: str) -> None:
 def measure_shape(m: int, n: int, k: int, jobs: list, errors: dict, log: Path) -> list:
     """(GFLOP/s, config name, note) per job; a kernel that crashes its process is
     reported as such and the others are timed in a fresh process."""
-    import multiprocessing
-
     done: dict[str, str | float] = {}
     built = [j[4] for j in jobs if errors[j[4]] is None]
     while True:
@@ -148,8 +136,6 @@ def main() -> None:
     jobs = [(m, n, k, config, str(tmp / f"{i}_{j}.so"))
             for i, (m, n, k) in enumerate(shapes)
             for j, config in enumerate([None, *configs()])]
-    import multiprocessing
-
     with ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         errors = dict(pool.map(_build, jobs))
     rows = []

@@ -25,6 +25,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from tecc.autotune.records import RETARGET_BUDGET_S, RETARGET_K  # noqa: E402
+
 import tecc  # noqa: E402
 from benchmarks.common import host_line, interleaved_ms, write_table  # noqa: E402
 from tests.models import example_models  # noqa: E402
@@ -61,9 +63,9 @@ def main() -> None:
                         help="records of a full tuning on this machine")
     parser.add_argument("--foreign", default=str(ROOT / "tuning_logs/llvm_core-avx2.jsonl"),
                         help="records of another machine, to retarget here")
-    parser.add_argument("--time-budget", type=float, default=180.0,
+    parser.add_argument("--time-budget", type=float, default=RETARGET_BUDGET_S,
                         help="seconds for each model's retarget run")
-    parser.add_argument("--k", type=int, default=8)
+    parser.add_argument("--k", type=int, default=RETARGET_K)
     parser.add_argument("--rounds", type=int, default=21, help="latency rounds")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--output", default="retarget")

@@ -85,6 +85,12 @@ def matmul_dims(ctx: ScheduleContext) -> tuple[int, int, int, int]:
     return batch, m, n, k
 
 
+def grid_blocks(tile: tuple[int, ...], batch: int, m: int, n: int) -> int:
+    """Thread blocks of a batch x m x n output in `tile`'s block tiles."""
+    tm, tn = tile_shape(tile)
+    return batch * -(-m // tm) * -(-n // tn)
+
+
 def fallback_tile(batch: int, m: int, n: int, sms: int) -> tuple[int, ...]:
     """The first tile of TILES (largest first) that pads the matrix by at most
     MAX_PADDING and passes WAVES[0], else WAVES[1], else the 16 x 16 tile of 64
@@ -94,7 +100,7 @@ def fallback_tile(batch: int, m: int, n: int, sms: int) -> tuple[int, ...]:
         tm, tn = tile_shape(tile)
         padding = (-(-m // tm) * tm * -(-n // tn) * tn) / (m * n)
         if padding <= MAX_PADDING:
-            grids.append((tile, tm * tn, batch * -(-m // tm) * -(-n // tn)))
+            grids.append((tile, tm * tn, grid_blocks(tile, batch, m, n)))
     for waves, min_area in WAVES:
         for tile, area, blocks in grids:
             if area >= min_area and blocks >= waves * sms:
@@ -132,19 +138,19 @@ class GpuMatmulTemplate(Template):
 
     def fallback(self, space: ConfigSpace, ctx: ScheduleContext) -> Config:
         batch, m, n, k = self.dims(ctx)
-        sms = target_info(ctx.target).multiprocessors or 108
+        info = target_info(ctx.target)
+        sms = info.multiprocessors or 108
         rule = "gemv" if m == 1 and batch == 1 else "low_batch_gemv" if m <= 16 else "simt"
         tile = fallback_tile(batch, m, n, sms)
         vector = 4 if k % 4 == 0 and n % 4 == 0 else 2 if k % 2 == 0 and n % 2 == 0 else 1
         micro_k, pipeline = 16 if k >= 64 else 8, "none"
         tm, tn = tile_shape(tile)
-        blocks = batch * -(-m // tm) * -(-n // tn)
-        if blocks < 4 * sms and tm * tn <= 32 * 64 and k >= 256:
+        if grid_blocks(tile, batch, m, n) < 4 * sms and tm * tn <= 32 * 64 and k >= 256:
             # A small grid with a long k loop is bound by each step's load latency
             # (ResNet-18's 7x7 convs at batch 1: 288 steps of 16): fewer, longer steps,
             # the next one's loads in flight, within the shared memory of a block
             # (H200: 49x512x4608 4.3 TFLOP/s against 2.6, 128x768x768 7.8 against 5.8).
-            smem = target_info(ctx.target).max_shared_memory_per_block or 49152
+            smem = info.max_shared_memory_per_block or 49152
             micro_k, pipeline = 64 if k >= 1024 else 32, "double"
             while micro_k > 16 and 2 * micro_k * (tm + tn + 8) * 4 > smem:
                 micro_k //= 2

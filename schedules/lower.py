@@ -7,9 +7,9 @@ Interface (used by tecc/build.py):
                        config JSON, source])
 `config` picks the anchor's schedule config: None (the template's fallback), a
 Config or its JSON dict (for the kernel's one anchor), or a callback
-`(workload dict[, config space]) -> config JSON | (config JSON, source) | list of
-(config JSON, source) | None`; a callback of two parameters is given the template's
-config space of the kernel, so that it picks only configs of it.
+`(workload dict, config space) -> config JSON | (config JSON, source) | list of
+(config JSON, source) | None`, given the kernel's template config space so that it
+picks only configs of it.
 `func.params` are the kernel inputs in order; the body is Calls (and Tuple /
 TupleGetItem) over those params and size-1 Constants (scalars, inlined as immediates).
 The PrimFunc's arguments are the params followed by the outputs (one, or one per
@@ -18,7 +18,6 @@ field when the body is a Tuple), and its "global_symbol" is `name`.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -189,7 +188,7 @@ def make_chooser(config: ConfigArg):
         if callable(value) and not isinstance(value, dict):
             if ctx.workload is None:
                 return None, "fallback"
-            value = value(ctx.workload, space) if _takes_space(value) else value(ctx.workload)
+            value = value(ctx.workload, space)
             if isinstance(value, list):
                 # candidates: the first whose layout this kernel has (a workload that
                 # occurs after producers of different blocks got one choice per block)
@@ -203,16 +202,6 @@ def make_chooser(config: ConfigArg):
         return as_config(value, space), source
 
     return choose
-
-
-def _takes_space(callback: Callable[..., Any]) -> bool:
-    """Whether a config callback takes (workload, space) rather than (workload)."""
-    try:
-        params = inspect.signature(callback).parameters.values()
-    except (TypeError, ValueError):
-        return False
-    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    return len(positional) >= 2 or any(p.kind == p.VAR_POSITIONAL for p in params)
 
 
 def _copy(src: te.Tensor) -> te.Tensor:

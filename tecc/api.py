@@ -12,7 +12,7 @@ import torch
 import tvm
 
 from tecc import __version__, runtime
-from tecc.autotune.records import load_records
+from tecc.autotune.records import RETARGET_BUDGET_S, RETARGET_K, load_records
 from tecc.build import BuildResult, build
 from tecc.frontend.importer import ImportedModel, from_torch, load_pt2
 from tecc.frontend.ir import Call, Function, post_order
@@ -216,8 +216,8 @@ def retarget(
     foreign: RecordsArg = None,
     records: str | os.PathLike = "tuning.jsonl",
     target: str = "llvm",
-    k: int = 8,
-    time_budget: float = 180.0,
+    k: int = RETARGET_K,
+    time_budget: float = RETARGET_BUDGET_S,
     rounds: int = 3,
     timeout: float = 30.0,
     winograd: bool = True,

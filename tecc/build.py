@@ -109,9 +109,9 @@ def build(
     plan_memory_reuse: bool = True,
     config_fn=None,
 ) -> BuildResult:
-    """`config_fn(workload) -> config JSON | (config JSON, source) | None`, or a list of
-    (config JSON, source) of which the first that fits the kernel's layout is used,
-    picks each anchor's schedule config (None: the template's fallback). `target`: the
+    """`config_fn(workload, config space) -> config JSON | (config JSON, source) | None`,
+    or a list of (config JSON, source) of which the first that fits the kernel's layout
+    is used, picks each anchor's schedule config (None: the template's fallback). `target`: the
     target's facts, a TVM Target or a short string (tecc.target.resolve_target)."""
     start = time.perf_counter()
     target = resolve_target(target)

@@ -69,9 +69,7 @@ def _retarget(args: argparse.Namespace, model_spec: str, foreign: list[str] | No
                                target=args.target, k=args.k, time_budget=args.time_budget,
                                rounds=args.rounds, timeout=args.timeout,
                                winograd=not args.no_winograd)
-    except RecordsBusyError as err:
-        raise SystemExit(f"tecc {args.command}: {err}") from None
-    except ValueError as err:
+    except (RecordsBusyError, ValueError) as err:
         raise SystemExit(f"tecc {args.command}: {err}") from None
     print_retarget(states, records)
     return 0
@@ -195,9 +193,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def add_retarget_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--k", type=int, default=8,
+    from tecc.autotune.records import RETARGET_BUDGET_S, RETARGET_K
+
+    p.add_argument("--k", type=int, default=RETARGET_K,
                    help="retarget: at most this many foreign configs per kernel")
-    p.add_argument("--time-budget", type=float, default=180.0,
+    p.add_argument("--time-budget", type=float, default=RETARGET_BUDGET_S,
                    help="retarget: seconds for the whole run (the largest kernels get the "
                         "most configs)")
     p.add_argument("--rounds", type=int, default=3,

@@ -22,7 +22,7 @@ from tecc.target import resolve_target
 from tests.test_models import TOLERANCE
 from tests.test_models import make as make_model
 from tests.test_ops import CASES, build_case
-from tests.util import assert_close, max_rel_error, to_cpu
+from tests.util import assert_close, lowered_matmul, max_rel_error, to_cpu
 
 
 def _gpu() -> bool:
@@ -222,11 +222,6 @@ def test_cuda_package_runs_with_the_runtime_alone(tmp_path):
     np.testing.assert_allclose(np.load(tmp_path / "out.npy"), a @ b, rtol=1e-4, atol=1e-5)
 
 
-class _MatMul(torch.nn.Module):
-    def forward(self, a, b):
-        return a @ b
-
-
 # (rule, tile, micro_k, pipeline) on shapes that do and do not divide the tiles
 _MATMUL_CONFIGS = [("simt", "16,16,2,2,4,4", 16, "none"), ("simt", "16,16,1,2,4,4", 8, "double"),
                    ("simt", "8,8,1,1,2,2", 64, "double"), ("simt", "8,16,1,1,4,4", 32, "none"),
@@ -238,20 +233,13 @@ _MATMUL_CONFIGS = [("simt", "16,16,2,2,4,4", 16, "none"), ("simt", "16,16,1,2,4,
 @pytest.mark.parametrize("rule,tile,micro_k,pipeline", _MATMUL_CONFIGS)
 def test_matmul_template_configs_build_and_match_torch(rule, tile, micro_k, pipeline, shape):
     import tvm
-    from tecc.frontend.ir import Call, Function, post_order
-    from tecc.schedules.lower import lower_primitive
-
-    from tecc.api import fused_graph
 
     m, n, k = shape
     gen = torch.Generator().manual_seed(m)
     a, b = torch.randn(m, k, generator=gen), torch.randn(k, n, generator=gen)
-    _, part, _, _, info = fused_graph(_MatMul(), (a, b), f"cuda:{ARCH}", 3, None, None, {})
-    group = next(c.op for c in post_order(part.body)
-                 if isinstance(c, Call) and isinstance(c.op, Function))
     config = {"rule": rule, "tile": tile, "micro_k": micro_k, "vector": 4, "unroll": 256,
               "pipeline": pipeline}
-    prim, applied = lower_primitive(group, "mm", info.tvm_target, config, return_info=True)
+    prim, applied, info = lowered_matmul(a, b, f"cuda:{ARCH}", config)
     assert [(t.source, t.error) for t in applied] == [("given", None)]
     check_bound(prim, "mm")
     lib = compile_cuda(tvm.IRModule({"mm": prim}), info.tvm_target)

@@ -316,7 +316,7 @@ def test_lower_primitive_config_and_info():
     _, info2 = lower_primitive(func, "k", TARGET, cfg, return_info=True)
     assert info2[0].source == "given" and info2[0].config == cfg
     # a config for another packing block is refused: the fallback reads the real one
-    _, info3 = lower_primitive(func, "k", TARGET, lambda wl: (dict(cfg, tile_n=16), "exact"),
+    _, info3 = lower_primitive(func, "k", TARGET, lambda wl, space: (dict(cfg, tile_n=16), "exact"),
                                return_info=True)
     assert info3[0].source == "fallback" and info3[0].config["tile_n"] == 8
 

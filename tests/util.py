@@ -62,3 +62,19 @@ def runs_on_host(target) -> bool:
 
     flags = host_cpuinfo_flags()
     return flags is not None and not missing_on_host(target_info(target).features, flags)
+
+
+def lowered_matmul(a, b, target: str, config):
+    """The scheduled PrimFunc ("mm") of a @ b for `target` with the matmul template's
+    `config` (None: its fallback): (PrimFunc, applied templates, target facts)."""
+    from tecc.frontend.ir import Call, Function, post_order
+    from tecc.schedules.lower import lower_primitive
+
+    from tecc.api import fused_graph
+    from tests.models import MatMul
+
+    _, part, _, _, info = fused_graph(MatMul(), (a, b), target, 3, None, None, {})
+    group = next(c.op for c in post_order(part.body)
+                 if isinstance(c, Call) and isinstance(c.op, Function))
+    prim, applied = lower_primitive(group, "mm", info.tvm_target, config, return_info=True)
+    return prim, applied, info

@@ -77,7 +77,12 @@ def build_candidate(payload: tuple[TunableTask, Config, str]) -> tuple[str, list
         if getattr(buf, "shape", None) is None:
             raise TypeError(f"parameter {param} is not a buffer: candidates take tensors only")
         specs.append((tuple(int(d) for d in buf.shape), str(buf.dtype)))
-    with target:  # cuda needs the target in scope for its arch
+    if target.kind.name == "cuda":
+        from tecc.cuda_toolchain import compile_cuda
+
+        # cubins by nvcc, embedded in the library (a stand-in driver where none is)
+        ex = compile_cuda(tvm.IRModule({ENTRY: func}), target)
+    else:
         ex = tvm.compile(tvm.IRModule({ENTRY: func}), target=target)
     path = os.path.join(out_dir, f"{task.name}-{uuid.uuid4().hex[:12]}.so")
     ex.export_library(path)

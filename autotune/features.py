@@ -1,7 +1,11 @@
-"""Features of a candidate for the cost model: the scheduled loop nest (TVM's
-per-store features: loop extents and kinds, vectorization, parallelism, arithmetic
-counts, buffer accesses with strides and touched bytes), summarized over the stores
-of the kernel, followed by the knob values of its config.
+"""Features of a candidate for the cost model: the knob values of its config, then
+either the scheduled loop nest (TVM's per-store features: loop extents and kinds,
+vectorization, parallelism, arithmetic counts, buffer accesses with strides and
+touched bytes, summarized over the stores of the kernel; CPU templates) or, for a
+template that has them (`Template.kernel_features`: the GPU matmul rules), features
+computed from the workload and the config without scheduling: grid and block sizes,
+shared memory, registers, occupancy, waves, bytes moved (scheduling a GPU config takes
+~50 ms, and annealing scores hundreds per batch).
 
 Features are cached per (task, config index): simulated annealing asks for the same
 configs again and again.
@@ -77,6 +81,9 @@ class FeatureCache:
         self.use_loop_features = use_loop_features
         self._cache: dict[int, np.ndarray] = {}
         self._target = None
+        template = getattr(task, "template_obj", None)
+        self._kernel_features = getattr(template, "kernel_features", None)
+        self._info = None
 
     def __call__(self, configs: list[Any]) -> np.ndarray:
         rows = [self._one(c) for c in configs]
@@ -84,8 +91,19 @@ class FeatureCache:
 
     @property
     def dim(self) -> int:
-        knobs = len(self.task.space.features(self.task.space.get(0)))
+        first = self.task.space.get(0)
+        knobs = len(self.task.space.features(first))
+        if self._kernel_features is not None:
+            return knobs + len(self._kernel(first))
         return knobs + (LOOP_FEATURES if self.use_loop_features else 0)
+
+    def _kernel(self, config: Any) -> np.ndarray:
+        from tecc.target import target_info
+
+        if self._info is None:
+            self._info = target_info(self.task.target)
+        return np.asarray(self._kernel_features(self.task.workload, config, self._info),
+                          dtype=np.float32)
 
     def _one(self, config: Any) -> np.ndarray:
         cached = self._cache.get(config.index)
@@ -93,7 +111,9 @@ class FeatureCache:
             return cached
         knobs = np.asarray(self.task.space.features(config), dtype=np.float32)
         parts = [knobs]
-        if self.use_loop_features:
+        if self._kernel_features is not None:
+            parts.append(self._kernel(config))
+        elif self.use_loop_features:
             parts.append(self._loop(config))
         row = np.concatenate(parts)
         self._cache[config.index] = row

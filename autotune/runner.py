@@ -9,9 +9,12 @@ of tecc's compiler at module level; its worker loads libtvm_runtime only).
     runner = LocalRunner(number=4, repeat=3, timeout_s=10)
     outcomes = runner.run([RunJob(path, inputs, output_specs, expected), ...])
 
-`LocalRunner` times CPU kernels on this machine with TVM's time_evaluator in one
-isolated worker process. A GPU runner is another implementation of `Runner`: its worker
-loads the CUDA runtime, times on the device and flushes L2 between repeats.
+`LocalRunner` times kernels on this machine in one isolated worker process: CPU
+kernels with TVM's time_evaluator; CUDA kernels (`device="cuda"`) either with
+time_evaluator (warm L2) or, with `cache_flush`, one call at a time between CUDA events
+with the L2 cache overwritten before each call (a model's weights are mostly cold in
+L2). A CUDA error can leave the worker's context unusable (an illegal address is sticky),
+so a CUDA worker is replaced after any candidate that raised.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 from tecc.autotune.errors import (
@@ -66,6 +69,8 @@ class RunOptions:
     rtol: float = 1e-3
     atol: float = 1e-4
     seed: int = 0  # of the reference inputs, and of the garbage outputs start with
+    # bytes written between cold CUDA calls: twice the L2 (the H200's is 60 MB)
+    flush_bytes: int = 128 << 20
 
 
 @dataclass
@@ -137,6 +142,10 @@ def run_candidate(payload: tuple[RunJob, RunOptions, float | None]
     import tvm
 
     job, opt, cutoff_s = payload
+    if job.device == "cuda":
+        from tecc.runtime.cuda import ensure_tvm_cuda_runtime
+
+        ensure_tvm_cuda_runtime()  # a runtime-only worker does not load it by itself
     dev = tvm.device(job.device, 0)
     mod = tvm.runtime.load_module(job.path)
     func = mod[ENTRY]
@@ -158,12 +167,34 @@ def run_candidate(payload: tuple[RunJob, RunOptions, float | None]
     for _ in range(max(0, opt.warmup - 1)):
         func(*args)
     dev.sync()
+    if opt.cache_flush and job.device == "cuda":
+        return time_cuda_cold(func, args, dev, opt.repeat * opt.number, opt.flush_bytes), None
     # TVM's evaluator makes one more untimed call, then `repeat` averages of `number`
     # runs (more when a repeat is shorter than min_repeat_ms).
     preproc = "cache_flush_cpu_non_first_arg" if opt.cache_flush and job.device == "cpu" else ""
     timer = mod.time_evaluator(ENTRY, dev, number=opt.number, repeat=opt.repeat,
                                min_repeat_ms=opt.min_repeat_ms, f_preproc=preproc)
     return [float(c) for c in timer(*args).results], None
+
+
+def time_cuda_cold(func: Any, args: Sequence[Any], dev: Any, calls: int,
+                   flush_bytes: int) -> list[float]:
+    """GPU seconds of `calls` single calls of `func`, each after `flush_bytes` of device
+    memory were overwritten (TVM's time_evaluator has no L2 flush for CUDA), timed by
+    CUDA events on the stream TVM launches on (the default one)."""
+    import tvm
+    from tecc.runtime import cuda
+
+    flush = tvm.runtime.empty((flush_bytes,), "uint8", dev)
+    start, end = cuda.Event(), cuda.Event()
+    costs = []
+    for i in range(max(1, calls)):
+        cuda.memset_async(flush.data_ptr(), i & 0xFF, flush_bytes, 0)
+        start.record(0)
+        func(*args)
+        end.record(0)
+        costs.append(end.seconds_since(start))
+    return costs
 
 
 def run_outcome(outcome: JobOutcome) -> RunOutcome:
@@ -194,23 +225,39 @@ class LocalRunner:
     batches (and more than CUTOFF_FLOOR_S) keeps that call as its only timing: it cannot
     be the best, and the full measurement of slow candidates (repeat x min_repeat_ms
     and more each) is most of a random search's running time. None measures every
-    candidate in full."""
+    candidate in full.
+
+    `device` is the kind of device its jobs run on ("cpu" or "cuda"). With "cuda",
+    `cache_flush` times `number` x `repeat` single calls with L2 overwritten before each
+    (`flush_bytes`), and the worker is replaced after every candidate that raised (a
+    CUDA fault poisons the process's context); `run_fn` is the job function the worker
+    runs (a module-level function; tests simulate GPU faults with it)."""
 
     def __init__(self, number: int = 4, repeat: int = 3, min_repeat_ms: int = 20,
                  warmup: int = 1, timeout_s: float = 10.0, cache_flush: bool = False,
                  check_correctness: bool = True, rtol: float = 1e-3, atol: float = 1e-4,
-                 seed: int = 0, slow_ratio: float | None = 3.0) -> None:
+                 seed: int = 0, slow_ratio: float | None = 3.0, device: str = "cpu",
+                 flush_bytes: int = 128 << 20,
+                 run_fn: Callable[[Any], tuple[list[float], str | None]] | None = None
+                 ) -> None:
+        if device not in ("cpu", "cuda"):
+            raise ValueError(f"unknown device {device!r}: cpu or cuda")
         self.options = RunOptions(number, repeat, min_repeat_ms, max(1, warmup), cache_flush,
-                                  check_correctness, rtol, atol, seed)
+                                  check_correctness, rtol, atol, seed, flush_bytes)
+        self.device = device
         self.timeout_s = timeout_s
         self.slow_ratio = slow_ratio
-        self.pool = WorkerPool(1, env=self.worker_env(), warm_imports=("tvm",))
+        self.run_fn = run_fn or run_candidate
+        self.pool = WorkerPool(1, env=self.worker_env(device), warm_imports=("tvm",),
+                               retire_after_error=device == "cuda")
         self._best_s: dict[str, float] = {}  # key -> best cost measured
 
     @staticmethod
-    def worker_env() -> dict[str, str]:
+    def worker_env(device: str = "cpu") -> dict[str, str]:
         """TVM_USE_RUNTIME_LIB: the worker loads libtvm_runtime, not the compiler.
-        Kernels are timed on the threads a deployment on this host runs them on."""
+        CPU kernels are timed on the threads a deployment on this host runs them on."""
+        if device == "cuda":
+            return {"TVM_USE_RUNTIME_LIB": "1"}
         from tecc.runtime.threads import kernel_threads
 
         return {"TVM_USE_RUNTIME_LIB": "1", "TVM_NUM_THREADS": str(kernel_threads())}
@@ -225,6 +272,9 @@ class LocalRunner:
             on_done: Callable[[int, RunOutcome], None] | None = None) -> list[RunOutcome]:
         # cutoffs from earlier batches only: within a batch, no candidate's luck
         # decides how another one is measured
+        for job in jobs:
+            if job.device != self.device:
+                raise ValueError(f"a {job.device} job given to a {self.device} runner")
         payloads = [(job, self.options, self._cutoff(job)) for job in jobs]
 
         def done(index: int, outcome: JobOutcome) -> None:
@@ -235,7 +285,7 @@ class LocalRunner:
             if on_done is not None:
                 on_done(index, result)
 
-        return [run_outcome(o) for o in self.pool.map(run_candidate, payloads,
+        return [run_outcome(o) for o in self.pool.map(self.run_fn, payloads,
                                                       self.timeout_s, done)]
 
     def close(self) -> None:

@@ -163,7 +163,7 @@ def tune_tasks(
     transfer: bool | str | Path | Sequence[str | Path] = True,
     scheduler: str = "gradient",
     on_batch: Callable[[Sequence[TaskState], int], None] | None = None,
-    cache_flush: bool = False,
+    cache_flush: bool | None = None,
 ) -> list[TaskState]:
     """Tune `tasks` (weights: calls per task in the model) with `trials` measurements in
     all, appending to `records`; then re-measure each task's `verify_top` best configs
@@ -175,7 +175,8 @@ def tune_tasks(
     `on_batch(states, trials spent)` is called after every measured batch.
     `cache_flush`: every timed call starts with the kernel's weights and outputs flushed
     from the CPU caches (its first argument, the data, stays warm), as inside a model
-    whose weights do not all fit in cache; one call per timing.
+    whose weights do not all fit in cache; one call per timing. On a CUDA target every
+    call starts with a cold L2 unless it is False (None: the target's default).
     Returns each task's state (tuner history, curve)."""
     if scheduler not in SCHEDULERS:
         raise ValueError(f"unknown scheduler {scheduler!r}; choose one of {SCHEDULERS}")
@@ -194,7 +195,7 @@ def _tune_locked(tasks: Sequence[Any], weights: Sequence[int], path: Path, trial
                  runner_options: dict[str, Any] | None, verify_top: int, verify_rounds: int,
                  transfer: bool | str | Path | Sequence[str | Path], scheduler: str,
                  on_batch: Callable[[Sequence[TaskState], int], None] | None,
-                 cache_flush: bool) -> list[TaskState]:
+                 cache_flush: bool | None) -> list[TaskState]:
     """tune_tasks with the records file locked."""
     target = tasks[0].target
     earlier = load_records(path)[0] if path.exists() else []
@@ -209,7 +210,7 @@ def _tune_locked(tasks: Sequence[Any], weights: Sequence[int], path: Path, trial
                   "other workloads")
     budget = trials
     bar = tqdm(total=budget, disable=not progress, unit="trial", dynamic_ncols=True)
-    options = runner_options_for(timeout_s, cache_flush, runner_options)
+    options = runner_options_for(timeout_s, cache_flush, runner_options, target)
     started = time.perf_counter()
 
     def after_batch(states: Sequence[TaskState], state: TaskState, spent: int, n: int) -> None:
@@ -236,11 +237,20 @@ def _tune_locked(tasks: Sequence[Any], weights: Sequence[int], path: Path, trial
     return states
 
 
-def runner_options_for(timeout_s: float = 30.0, cache_flush: bool = False,
-                       overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    """LocalRunner's options for tuning: 3 calls a timing, 3 timings, at least 20 ms."""
-    options = {"number": 3, "repeat": 3, "min_repeat_ms": 20, "timeout_s": timeout_s}
-    if cache_flush:  # TVM flushes before each repeat: a repeat of one call is all cold
+def runner_options_for(timeout_s: float = 30.0, cache_flush: bool | None = False,
+                       overrides: dict[str, Any] | None = None,
+                       target: Any = None) -> dict[str, Any]:
+    """LocalRunner's options for tuning `target` (None: the CPU): 3 calls a timing, 3
+    timings, at least 20 ms. A CUDA target is timed cold by default (`cache_flush`
+    None): 20 single calls, each after its L2 is overwritten (twice its size)."""
+    options: dict[str, Any] = {"number": 3, "repeat": 3, "min_repeat_ms": 20,
+                               "timeout_s": timeout_s}
+    info = target_info(target) if target is not None else None
+    if info is not None and info.kind == "cuda":
+        options.update(device="cuda", flush_bytes=2 * info.l2_bytes)
+        if cache_flush is not False:
+            options.update(number=1, repeat=20, min_repeat_ms=0, cache_flush=True)
+    elif cache_flush:  # TVM flushes before each repeat: a repeat of one call is all cold
         options.update(number=1, repeat=10, min_repeat_ms=0, cache_flush=True)
     options.update(overrides or {})
     return options

@@ -89,10 +89,17 @@ class CurveStore:
             return None
         return entry["best_s"][:trials]
 
-    def add(self, workload: str, tuner: str, seed: int, trials: int, curve: list[float]) -> None:
+    def add(self, workload: str, tuner: str, seed: int, trials: int, curve: list[float],
+            wall_s: float | None = None) -> None:
         runs = self.data.setdefault(workload, {}).setdefault(tuner, {})
         runs[str(seed)] = {"trials": trials, "best_s": [float(f"{c:.6g}") for c in curve]}
+        if wall_s is not None:
+            runs[str(seed)]["wall_s"] = round(wall_s, 1)
         self.save()
+
+    def wall_s(self, workload: str, tuner: str, seed: int) -> float | None:
+        """Seconds the run of a curve took, where it was stored."""
+        return self.data.get(workload, {}).get(tuner, {}).get(str(seed), {}).get("wall_s")
 
     def set_torch(self, workload: str, gflops: float) -> None:
         self.data.setdefault(workload, {})["torch_gflops"] = round(gflops, 2)

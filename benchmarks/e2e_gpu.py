@@ -1,8 +1,10 @@
 """End-to-end latency on a CUDA GPU, fp32 with TF32 off everywhere: torch eager,
-torch.compile (default and mode="reduce-overhead") and tecc untuned, measured in
-one process with CUDA events; plus GEMMs against cuBLAS.
+torch.compile (default, mode="reduce-overhead", optionally "max-autotune"), tecc
+untuned and, with --records, tecc with those tuning records, measured in one process
+with CUDA events; plus GEMMs against cuBLAS.
 
     python benchmarks/e2e_gpu.py [--models resnet18,mlp] [--batches 1,16] [--gemm 1024,4096]
+        [--records tuning_logs/cuda-sm_90.jsonl]
 
 Each run adds its rows to results/e2e_gpu.json (keyed by model and batch) and
 writes results/e2e_gpu.md from every stored row, so the batches may run apart.
@@ -30,6 +32,8 @@ from tests.util import max_rel_error, to_cpu  # noqa: E402
 
 STORE = RESULTS / "e2e_gpu.json"
 COMPETITORS = ("eager", "compile", "reduce-overhead", "tecc")
+TORCH_MODES = {"compile": None, "reduce-overhead": "reduce-overhead",
+               "max-autotune": "max-autotune"}
 
 
 def bert_base(batch: int):
@@ -76,7 +80,8 @@ def cuda_ms(fns: dict[str, Callable[[], object]], rounds: int = 5, per_round: in
     return {name: statistics.median(v) for name, v in samples.items()}
 
 
-def run_model(name: str, batch: int, competitors: list[str]) -> dict:
+def run_model(name: str, batch: int, competitors: list[str], records: str | None = None
+              ) -> dict:
     model, cpu_inputs = make_model(name, batch)
     model = model.eval()
     with torch.no_grad():
@@ -88,13 +93,12 @@ def run_model(name: str, batch: int, competitors: list[str]) -> dict:
     with torch.no_grad():
         if "eager" in competitors:
             fns["eager"] = lambda: gpu_model(*inputs)
-        for mode in ("compile", "reduce-overhead"):
+        for mode, torch_mode in TORCH_MODES.items():
             if mode not in competitors:
                 continue
             try:
                 start = time.perf_counter()
-                compiled_torch = torch.compile(gpu_model, dynamic=False,
-                                               mode=None if mode == "compile" else mode)
+                compiled_torch = torch.compile(gpu_model, dynamic=False, mode=torch_mode)
                 compiled_torch(*inputs)
                 compiled_torch(*inputs)
                 compile_s[mode] = time.perf_counter() - start
@@ -106,6 +110,16 @@ def run_model(name: str, batch: int, competitors: list[str]) -> dict:
     compile_s["tecc"] = time.perf_counter() - start
     error = max_rel_error(to_cpu(cm(*inputs)), expected)
     fns["tecc"] = lambda: cm(*inputs)
+    tuned_from = {}
+    if records:
+        start = time.perf_counter()
+        tuned = tecc.compile(model, cpu_inputs, target="cuda", records=records)
+        compile_s["tecc tuned"] = time.perf_counter() - start
+        error = max(error, max_rel_error(to_cpu(tuned(*inputs)), expected))
+        fns["tecc tuned"] = lambda: tuned(*inputs)
+        for task in tuned.tasks():
+            tuned_from[task["source"]] = tuned_from.get(task["source"], 0) + 1
+        cm = tuned  # the profile below is of the tuned model
     with torch.no_grad():
         times = cuda_ms(fns)
     # where tecc's time goes: each kernel call synchronized (launch overhead included)
@@ -120,6 +134,7 @@ def run_model(name: str, batch: int, competitors: list[str]) -> dict:
     print(f"slowest kernels (ms): {top}", flush=True)
     return {"model": name, "batch": batch, "ms": times, "compile_s": compile_s,
             "kernel_calls": len(cm.plan["kernels"]), "max_rel_err": error,
+            "tuned_sources": tuned_from,
             "device": torch.cuda.get_device_name(), "slowest_kernels_ms": top}
 
 
@@ -145,9 +160,11 @@ def write_markdown(store: dict) -> None:
         def cell(name: str, ms: dict = ms) -> str:
             return f"{ms[name]:.3f}" if name in ms else "-"
 
+        best = ms.get("tecc tuned", ours)
+        torch_best = min(v for k, v in ms.items() if not k.startswith("tecc"))
         rows.append([r["model"], str(r["batch"]), cell("eager"), cell("compile"),
-                     cell("reduce-overhead"), f"{ours:.3f}", f"{eager / ours:.2f}x",
-                     f"{ms['reduce-overhead'] / ours:.2f}x" if "reduce-overhead" in ms else "-",
+                     cell("reduce-overhead"), cell("max-autotune"), f"{ours:.3f}",
+                     cell("tecc tuned"), f"{eager / best:.2f}x", f"{torch_best / best:.2f}x",
                      str(r["kernel_calls"]), f"{r['compile_s']['tecc']:.0f}",
                      f"{r['max_rel_err']:.1e}"])
     gemm_rows = [[str(g["n"]), f"{g['ms']['cublas']:.3f}", f"{g['ms']['tecc']:.3f}",
@@ -155,8 +172,10 @@ def write_markdown(store: dict) -> None:
                   f"{g['tflops']['tecc'] / g['tflops']['cublas']:.2f}x", f"{g['max_rel_err']:.1e}"]
                  for g in sorted(store.get("gemm", {}).values(), key=lambda g: g["n"])]
     device = next(iter(store["models"].values()), {}).get("device", "a CUDA GPU")
-    notes = [f"Device: {device}; torch {torch.__version__}, tecc {tecc.__version__}, untuned "
-             "(fallback configs, no tuning records).",
+    notes = [f"Device: {device}; torch {torch.__version__}, tecc {tecc.__version__}. "
+             "\"tecc\": untuned (fallback configs); \"tecc tuned\": with the tuning records "
+             "given (--records); the ratios are of tecc's best column against eager and "
+             "against the fastest torch mode measured.",
              "fp32 everywhere, TF32 off (torch.backends.cuda.matmul.allow_tf32 = "
              "torch.backends.cudnn.allow_tf32 = False); inputs and outputs are torch CUDA tensors.",
              "Median ms by CUDA events around each call, interleaved rounds, one process per "
@@ -164,9 +183,9 @@ def write_markdown(store: dict) -> None:
              "Command: `python benchmarks/e2e_gpu.py` (see --help)."]
     path = write_table("e2e_gpu", "End-to-end latency, CUDA GPU, fp32 (median ms)",
                        ["model", "batch", "torch eager", "torch.compile",
-                        "torch.compile reduce-overhead", "tecc", "tecc vs eager",
-                        "tecc vs reduce-overhead", "kernel calls", "tecc compile s",
-                        "max rel err"], rows, notes)
+                        "torch.compile reduce-overhead", "torch.compile max-autotune", "tecc",
+                        "tecc tuned", "tecc vs eager", "tecc vs fastest torch",
+                        "kernel calls", "tecc compile s", "max rel err"], rows, notes)
     if gemm_rows:
         lines = ["", "## GEMM (n x n x n, fp32)", "",
                  "| n | cuBLAS ms | tecc ms | cuBLAS TFLOP/s | tecc TFLOP/s | tecc / cuBLAS "
@@ -182,7 +201,10 @@ def main() -> None:
     parser.add_argument("--models", default="resnet18,mobilenet_v2,bert_base,mlp")
     parser.add_argument("--batches", default="1,16")
     parser.add_argument("--gemm", default="1024,4096", help="GEMM sizes ('' for none)")
-    parser.add_argument("--competitors", default=",".join(COMPETITORS))
+    parser.add_argument("--competitors", default=",".join(COMPETITORS),
+                        help=f"of {', '.join(('eager', *TORCH_MODES, 'tecc'))}")
+    parser.add_argument("--records", default=None,
+                        help="tuning records: also time tecc with them (\"tecc tuned\")")
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -192,7 +214,7 @@ def main() -> None:
         for name in [m for m in args.models.split(",") if m]:
             print(f"== {name} batch {batch}", flush=True)
             try:
-                row = run_model(name, batch, competitors)
+                row = run_model(name, batch, competitors, args.records)
             except Exception as err:  # noqa: BLE001 - report and go on with the others
                 print(f"{name} batch {batch} failed: {type(err).__name__}: {err}", flush=True)
                 continue

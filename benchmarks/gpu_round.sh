@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # One round on a CUDA machine, from the repository root, with tecc and TVM importable
-# (PYTHONPATH): `tests` runs the CUDA tests against torch on the GPU, `bench ARGS`
-# runs benchmarks/e2e_gpu.py with ARGS, `gemm` the matmul template's tiles. Logs and
-# results go to $OUT when it is set.
+# (PYTHONPATH): `tests` runs the CUDA and GPU-tuning tests against torch on the GPU,
+# `bench ARGS` runs benchmarks/e2e_gpu.py with ARGS, `gemm` the matmul template's
+# tiles, `efficiency ARGS` benchmarks/tuner_efficiency.py --target cuda, `tune RECORDS
+# MODEL:TRIALS...` tunes each model for cuda into RECORDS (a copy goes to $OUT after
+# each). Logs and results go to $OUT when it is set.
 set -o pipefail
 OUT=${OUT:-/tmp/tecc-gpu-round}
 mkdir -p "$OUT"
@@ -15,7 +17,7 @@ case "${1:-}" in
     # must not shadow the installed tecc package (whose stages live in other folders).
     root=$PWD
     (cd /tmp && python3 -m pytest -q -p no:cacheprovider --import-mode=append --timeout=600 \
-      "$root/tests/test_cuda.py" "$@") 2>&1 | tee "$OUT/tests.log";;
+      "$root/tests/test_cuda.py" "$root/tests/test_gpu_tuning.py" "$@") 2>&1 | tee "$OUT/tests.log";;
   bench)
     shift
     [ -f "$OUT/e2e_gpu.json" ] && cp "$OUT/e2e_gpu.json" benchmarks/results/
@@ -24,6 +26,25 @@ case "${1:-}" in
   gemm)
     shift
     python3 benchmarks/gpu_gemm_configs.py "$@" 2>&1 | tee "$OUT/gemm_configs.log";;
-  *) echo "usage: gpu_round.sh tests [pytest args] | bench [e2e_gpu args] | gemm [args]" >&2
+  efficiency)
+    shift
+    python3 benchmarks/tuner_efficiency.py --target cuda "$@" 2>&1 | tee -a "$OUT/efficiency.log"
+    cp benchmarks/results/tuner_efficiency_cuda* "$OUT/";;
+  tune)
+    shift
+    records=$1; shift
+    for spec in "$@"; do
+      model=${spec%%:*}; trials=${spec##*:}
+      echo "== tune $model $trials trials" | tee -a "$OUT/tune.log"
+      start=$(date +%s)
+      # from /tmp with the checkout after the installed tecc (see tests)
+      (root=$PWD; cd /tmp && PYTHONPATH="$PYTHONPATH:$root" python3 -m tecc.cli tune \
+        "benchmarks.models_factory:$model" --target cuda --records "$root/$records" \
+        --trials "$trials") 2>&1 | tr '\r' '\n' | grep -v "trial/s\]$" | tee -a "$OUT/tune.log"
+      echo "== $model: $(( $(date +%s) - start )) s" | tee -a "$OUT/tune.log"
+      cp "$records" "$OUT/"
+    done;;
+  *) echo "usage: gpu_round.sh tests [pytest args] | bench [e2e_gpu args] | gemm [args] |" \
+          "efficiency [args] | tune RECORDS MODEL:TRIALS..." >&2
      exit 2;;
 esac

@@ -31,3 +31,10 @@ def transformer_layer():
 
 def bert():
     return _get("bert")
+
+
+def bert_base():
+    """The BERT-base encoder (12 layers, hidden 768, sequence 128) of e2e_gpu.py."""
+    from benchmarks.e2e_gpu import bert_base as make
+
+    return make(1)

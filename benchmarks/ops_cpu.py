@@ -88,9 +88,7 @@ def anchor_task(func: Function, target, winograd: bool = False) -> object:
     tuning = TuningCallbacks() if winograd else TuningCallbacks(winograd_tile=lambda c, lanes: 0)
     with PassContext(target=target, opt_level=3, tuning=tuning):
         fused = run_passes(func, compile_pipeline())
-    tasks = [t for t in extract_tasks(fused, target)
-             if t.template in ("dense", "matmul", "batch_matmul", "conv2d_NCHWc",
-                               "depthwise_conv2d_NCHWc", "conv2d_winograd_NCHWc")]
+    tasks = [t for t in extract_tasks(fused, target) if t.template != "injective"]
     if len(tasks) != 1:
         raise RuntimeError(f"expected one anchor task, got {[t.name for t in tasks]}")
     return tasks[0]

@@ -4,6 +4,9 @@ with torch as the reference, in one run.
 
     python benchmarks/tuner_efficiency.py [--trials 512] [--seeds 3] [--only matmul_512]
         [--tuners xgb,random,metaschedule] [--curves results/tuner_efficiency_curves.json]
+    python benchmarks/tuner_efficiency.py --target cuda --trials 192 --seeds 1
+        (GPU: GEMM 1024^3 and 4096^3, three ResNet-18 convs, a BERT-base dense; TFLOP/s
+        against cuBLAS/cuDNN; results/tuner_efficiency_cuda.md)
 
 Finished curves are kept in a JSON file; a re-run measures only the missing ones, so
 the full matrix (about 9 hours here) can be run in parts.
@@ -27,7 +30,9 @@ sys.path.append(str(Path(__file__).resolve().parents[1]))
 from tecc.autotune.builder import LocalBuilder  # noqa: E402
 from tecc.autotune.measure import MeasureInput, measure_batch  # noqa: E402
 from tecc.autotune.runner import LocalRunner  # noqa: E402
+from tecc.autotune.tune import runner_options_for  # noqa: E402
 from tecc.autotune.tuner import make_tuner  # noqa: E402
+from tecc.frontend.ir import Call, Function  # noqa: E402
 
 from benchmarks.common import (  # noqa: E402
     RESULTS,
@@ -36,12 +41,14 @@ from benchmarks.common import (  # noqa: E402
     median_ms,
     write_table,
 )
-from benchmarks.ops_cpu import anchor_task, workloads  # noqa: E402
+from benchmarks.ops_cpu import anchor_task, var, workloads  # noqa: E402
 from tecc.target import resolve_target  # noqa: E402
 
 SELECTED = ["matmul_512", "matmul_1024", "conv_64x56_64_k3s1", "conv_128x28_128_k3s1",
             "conv_256x14_256_k3s1", "bert_dense_128x768x3072"]
-CHECKPOINTS = [16, 32, 64, 128, 256, 512, 1024, 2048]
+GPU_SELECTED = ["matmul_1024", "matmul_4096", "conv_64x56_64_k3s1", "conv_128x28_128_k3s1",
+                "conv_256x14_256_k3s1", "bert_dense_128x768x3072"]
+CHECKPOINTS = [16, 32, 64, 128, 192, 256, 512, 1024, 2048]
 TUNERS = ("xgb", "random", "metaschedule")
 
 
@@ -60,17 +67,21 @@ def metaschedule_curve(task, trials: int, target, seed: int) -> list[float]:
     """Best seconds after each trial of MetaSchedule's tune_tir on the task's anchor
     (its default layout, as built by the task with the fallback config, unscheduled)."""
     import tvm
+    from tecc.runtime.cpu import host_cores
     from tecc.schedules.lower import build_te
     from tvm import te
     from tvm.s_tir import meta_schedule as ms
 
     placeholders, outputs = build_te(task.kernel_func(None), target)
     mod = tvm.IRModule({"main": te.create_prim_func(placeholders + outputs)})
+    cores = host_cores()
     with tempfile.TemporaryDirectory() as work_dir:
-        builder = ms.builder.LocalBuilder(f_build=build_without_intrinsics, max_workers=2,
-                                          timeout_sec=60)
+        # a CUDA build needs the default builder's intrinsics and nvcc/nvrtc set-up
+        builder = ms.builder.LocalBuilder(
+            f_build=None if target.kind.name == "cuda" else build_without_intrinsics,
+            max_workers=cores, timeout_sec=60)
         ms.tune_tir(mod, target, work_dir, max_trials_global=trials, num_trials_per_iter=64,
-                    seed=seed, num_tuning_cores=2, builder=builder)
+                    seed=seed, num_tuning_cores=cores, builder=builder)
         # the JSON database file is appended in measurement order (the database object
         # returns its records sorted by cost)
         costs = []
@@ -108,8 +119,10 @@ def table_rows(store: CurveStore, chosen: list[dict], trials: int, seeds: int,
                           if g >= mean_at["random"][-1]), "not reached")
         for t, means in mean_at.items():
             ratio = f"{means[-1] / torch_gflops:.2f}" if torch_gflops else ""
+            walls = [w for seed in range(seeds) if (w := store.wall_s(name, t, seed))]
+            wall = f"{np.mean(walls):.0f}" if walls else "-"
             rows.append([name, t, str(len(curves[t]))] + [f"{g:.1f}" for g in means]
-                        + [f"{torch_gflops or 0:.1f}", ratio, reach if t == "xgb" else ""])
+                        + [f"{torch_gflops or 0:.1f}", ratio, wall, reach if t == "xgb" else ""])
     return rows
 
 
@@ -118,8 +131,10 @@ def run_missing(args: argparse.Namespace, chosen: list[dict], tuners: list[str],
     """Measure the (workload, tuner, seed) curves the store does not hold yet."""
     tasks: dict[str, object] = {}
     # seed by seed: the table covers every workload early and gains seeds as it runs
-    with LocalBuilder(n_parallel=2, timeout_s=60) as builder, \
-            LocalRunner(number=3, repeat=3, min_repeat_ms=30, timeout_s=20) as runner:
+    # CPU: 3 calls a timing; CUDA: warm L2 as MetaSchedule and cuBLAS are timed here
+    options = (runner_options_for(20.0, False, None, target) if target.kind.name == "cuda"
+               else {"number": 3, "repeat": 3, "min_repeat_ms": 30, "timeout_s": 20})
+    with LocalBuilder(timeout_s=60) as builder, LocalRunner(**options) as runner:
         for seed in range(args.seeds):
             for wl in chosen:
                 for name in tuners:
@@ -141,55 +156,88 @@ def run_missing(args: argparse.Namespace, chosen: list[dict], tuners: list[str],
                             builder, runner, [MeasureInput(task, c) for c in cs]),  # noqa: B023
                             batch_size=32)
                         curve = tuner.history.best_curve()
-                    store.add(wl["name"], name, seed, args.trials, curve)
+                    store.add(wl["name"], name, seed, args.trials, curve,
+                              time.perf_counter() - start)
                     best = wl["flops"] / curve[-1] / 1e9 if curve else 0.0
                     print(f"{wl['name']} {name} seed {seed}: {best:.1f} GFLOP/s "
                           f"({time.perf_counter() - start:.0f}s)", flush=True)
+
+
+def gpu_workloads() -> list[dict]:
+    """GPU_SELECTED: the CPU list's workloads plus GEMM 4096^3."""
+    n = 4096
+    a, b = var("a", (n, n)), var("b", (n, n))
+    big = {"name": f"matmul_{n}", "func": Function([a, b], Call("nn.matmul", [a, b])),
+           "flops": 2 * n**3, "shapes": [(n, n), (n, n)],
+           "torch": lambda x, y: torch.matmul(x, y)}
+    return [w for w in [*workloads(), big] if w["name"] in GPU_SELECTED]
+
+
+def torch_gflops(wl: dict, cuda: bool) -> float:
+    """The torch op's GFLOP/s (CUDA: by CUDA events, TF32 off)."""
+    rng = np.random.default_rng(0)
+    arrays = [torch.from_numpy(rng.standard_normal(s).astype("float32")) for s in wl["shapes"]]
+    with torch.no_grad():
+        if cuda:
+            from benchmarks.e2e_gpu import cuda_ms
+
+            arrays = [x.cuda() for x in arrays]
+            seconds = cuda_ms({"torch": lambda: wl["torch"](*arrays)})["torch"] / 1e3
+        else:
+            seconds = median_ms(lambda: wl["torch"](*arrays)) / 1e3
+    return wl["flops"] / seconds / 1e9
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--trials", type=int, default=512)
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--only", default=",".join(SELECTED))
+    parser.add_argument("--only", default=None, help="comma-separated workload names")
     parser.add_argument("--tuners", default=",".join(TUNERS),
                         help="comma-separated subset of xgb, random, metaschedule")
-    parser.add_argument("--output", default="tuner_efficiency")
+    parser.add_argument("--output", default=None,
+                        help="results name (default tuner_efficiency, _cuda for cuda)")
     parser.add_argument("--curves", type=Path, default=None,
                         help="JSON file of finished curves, read and extended "
                              "(default: results/<output>_curves.json)")
+    parser.add_argument("--target", default="llvm", help="llvm (this CPU) or cuda[:sm_XX]")
     parser.add_argument("--report", action="store_true",
                         help="measure nothing: write the table of the curves the file holds")
     args = parser.parse_args()
     tuners = [t for t in TUNERS if t in args.tuners.split(",")]
-    torch.set_num_threads(2)
-    target = resolve_target("llvm")
-    chosen = [w for w in workloads() if w["name"] in args.only.split(",")]
+    target = resolve_target(args.target)
+    cuda = target.kind.name == "cuda"
+    if cuda:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    else:
+        torch.set_num_threads(2)
+    args.output = args.output or ("tuner_efficiency_cuda" if cuda else "tuner_efficiency")
+    names = (args.only or ",".join(GPU_SELECTED if cuda else SELECTED)).split(",")
+    chosen = [w for w in (gpu_workloads() if cuda else workloads()) if w["name"] in names]
     marks = [c for c in CHECKPOINTS if c <= args.trials]
     store = CurveStore(args.curves or RESULTS / f"{args.output}_curves.json")
     if not args.report:
         run_missing(args, chosen, tuners, target, store)
     # torch is measured when the table is written (a second each), not hours earlier
     # under whatever else the machine ran then
-    rng = np.random.default_rng(0)
     for wl in chosen:
-        arrays = [torch.from_numpy(rng.standard_normal(s).astype("float32"))
-                  for s in wl["shapes"]]
-        with torch.no_grad():
-            seconds = median_ms(lambda: wl["torch"](*arrays)) / 1e3  # noqa: B023
-        store.set_torch(wl["name"], wl["flops"] / seconds / 1e9)
+        store.set_torch(wl["name"], torch_gflops(wl, cuda))
+    device = torch.cuda.get_device_name() if cuda else host_line()
     write_table(
         args.output, "Tuner efficiency: best GFLOP/s against trials (mean over seeds)",
         ["workload", "tuner", "seeds"] + [f"@{m}" for m in marks]
-        + ["torch", f"@{marks[-1]} / torch", "xgb trials to random's best"],
+        + ["torch", f"@{marks[-1]} / torch", "wall s", "xgb trials to random's best"],
         table_rows(store, chosen, args.trials, args.seeds, marks),
-        [f"Host: {host_line()}; batches of 32 for tecc's tuners (one runner: candidates "
-         "3x slower than the best of earlier batches are timed by one call), 64 for "
-         "MetaSchedule (evolutionary search, its XGBoost model). Seeds: how many the "
-         "mean is over.",
-         f"Command: `python benchmarks/tuner_efficiency.py --trials {args.trials} "
-         f"--seeds {args.seeds}` (finished curves in `{store.path.name}`; a re-run "
-         "measures only the missing ones)."],
+        [f"{'Device' if cuda else 'Host'}: {device}; batches of 32 for tecc's tuners (one "
+         "runner" + ("; CUDA: warm L2, 3 calls a timing, as MetaSchedule's runner and "
+                     "the cuBLAS/cuDNN reference (torch, TF32 off) are timed"
+                     if cuda else ": candidates 3x slower than the best of earlier batches "
+                     "are timed by one call") + "), 64 for MetaSchedule (evolutionary "
+         "search, its XGBoost model). Seeds: how many the mean is over.",
+         f"Command: `python benchmarks/tuner_efficiency.py --target {args.target} --trials "
+         f"{args.trials} --seeds {args.seeds}` (finished curves in `{store.path.name}`; a "
+         "re-run measures only the missing ones)."],
     )
 
 

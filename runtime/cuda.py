@@ -111,6 +111,14 @@ def cudart() -> ctypes.CDLL:
         "cudaMemcpyAsync": [vp, vp, sz, ctypes.c_int, vp],
         "cudaDeviceGetAttribute": [ctypes.POINTER(ctypes.c_int), ctypes.c_int, ctypes.c_int],
         "cudaGetDeviceCount": [ctypes.POINTER(ctypes.c_int)],
+        "cudaMemsetAsync": [vp, ctypes.c_int, sz, vp],
+        "cudaEventCreate": [ctypes.POINTER(vp)],
+        "cudaEventRecord": [vp, vp],
+        "cudaEventSynchronize": [vp],
+        "cudaEventElapsedTime": [ctypes.POINTER(ctypes.c_float), vp, vp],
+        "cudaEventDestroy": [vp],
+        "cudaDeviceSynchronize": [],
+        "cudaGetLastError": [],
     }.items():
         getattr(lib, name).argtypes = args
         getattr(lib, name).restype = ctypes.c_int
@@ -162,6 +170,36 @@ def copy_async(dst: int, src: int, nbytes: int, stream: int) -> None:
     if nbytes:
         check(cudart().cudaMemcpyAsync(dst, src, nbytes, MEMCPY_DEFAULT, stream),
               "cudaMemcpyAsync")
+
+
+def memset_async(ptr: int, value: int, nbytes: int, stream: int) -> None:
+    check(cudart().cudaMemsetAsync(ptr, value, nbytes, stream), "cudaMemsetAsync")
+
+
+class Event:
+    """A CUDA event: elapsed GPU time between two recorded on one stream."""
+
+    def __init__(self) -> None:
+        handle = ctypes.c_void_p()
+        check(cudart().cudaEventCreate(ctypes.byref(handle)), "cudaEventCreate")
+        self.handle = handle
+
+    def record(self, stream: int) -> None:
+        check(cudart().cudaEventRecord(self.handle, stream), "cudaEventRecord")
+
+    def seconds_since(self, start: Event) -> float:
+        """GPU seconds from `start` to this event (waits for this one)."""
+        check(cudart().cudaEventSynchronize(self.handle), "cudaEventSynchronize")
+        ms = ctypes.c_float()
+        check(cudart().cudaEventElapsedTime(ctypes.byref(ms), start.handle, self.handle),
+              "cudaEventElapsedTime")
+        return ms.value / 1e3
+
+    def __del__(self) -> None:
+        try:
+            cudart().cudaEventDestroy(self.handle)
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
 
 
 class Graph:

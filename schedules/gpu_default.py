@@ -127,7 +127,7 @@ def apply_gpu_template(sch: Schedule, name: str, kind: str, template, target,
             log.info("GPU template %s refused %s config %s: %s", template.name, source,
                      config.to_json(), err)
             continue
-        note(len(space), config, source, None)
+        note(len(space), config, source, error)  # error: why an earlier attempt was refused
         return result
     note(len(space), None, "generic", error)
     return None

@@ -28,6 +28,7 @@ import tvm
 from tecc.schedules.gpu_matmul import schedule_simt_matmul
 from tecc.schedules.space import Config, ConfigSpace
 from tecc.schedules.template import ScheduleContext, Template, get_template, register_template
+from tecc.schedules.templates_conv import conv_dims, conv_workload
 from tvm.s_tir.schedule import Schedule
 
 from tecc.target import target_info
@@ -73,7 +74,15 @@ def tile_shape(tile: tuple[int, ...]) -> tuple[int, int]:
 
 def matmul_dims(ctx: ScheduleContext) -> tuple[int, int, int, int]:
     """(batch, M, N, K) of the anchor from its workload (the IR call's shapes)."""
-    workload = ctx.workload or {}
+    return workload_dims(ctx.workload or {})
+
+
+def workload_dims(workload: dict[str, Any]) -> tuple[int, int, int, int]:
+    """(batch, M, N, K) of a matmul-template workload, or of an NCHW conv's implicit
+    GEMM (M = N*OH*OW, N = OC, K = IC*KH*KW)."""
+    if "kernel" in workload:
+        d = conv_dims(workload)
+        return 1, d["n"] * d["oh"] * d["ow"], d["o"], d["ipg"] * d["kh"] * d["kw"]
     template = get_template(workload.get("template", "dense"))
     if template is None or not workload:
         raise ValueError("the GPU matmul template needs the anchor's workload")
@@ -108,6 +117,60 @@ def fallback_tile(batch: int, m: int, n: int, sms: int) -> tuple[int, ...]:
     return (8, 8, 1, 1, 2, 2)
 
 
+# Per-multiprocessor limits the occupancy estimate uses (sm_70 and later).
+THREADS_PER_SM, BLOCKS_PER_SM, REGISTERS_PER_SM = 2048, 32, 65536
+KERNEL_FEATURES = ("blocks", "threads", "block_m", "block_n", "k_steps", "shared_bytes",
+                   "registers", "blocks_per_sm", "occupancy", "waves", "wave_efficiency",
+                   "bytes_per_step", "flops_per_byte", "global_bytes", "padding",
+                   "vector_bytes", "unroll", "double_buffered", "dlight_rule")
+
+
+def shared_row(extent: int) -> int:
+    """Floats per k row of a k-major shared tile `extent` wide: gpu_matmul.py aligns
+    rows to 32 floats plus 4 (storage_align, against bank conflicts)."""
+    return -(-extent // 32) * 32 + 4
+
+
+def kernel_features(workload: dict[str, Any], config: dict[str, Any],
+                    info: Any) -> dict[str, float]:
+    """What decides a matmul-rule kernel's speed, from the workload and the config
+    without scheduling it: its grid and block, shared memory and an estimate of
+    registers per thread (accumulators, fragments and ~24 for addresses), occupancy by
+    the multiprocessor's thread, block, shared-memory and register limits, waves of
+    blocks over the multiprocessors, bytes staged per k step and in all, arithmetic
+    intensity, padding. The dlight rules (gemv, tiled) fix some of these themselves;
+    they are then the tile's estimate."""
+    batch, m, n, k = workload_dims(workload)
+    tile = tuple(int(v) for v in str(config["tile"]).split(","))
+    tm, tn, vm, vn, mm, mn = tile
+    bm, bn = tile_shape(tile)
+    micro_k = int(config["micro_k"])
+    double = config["pipeline"] == "double" and config["rule"] == "simt"
+    threads = tm * tn
+    blocks = grid_blocks(tile, batch, m, n)
+    k_steps = -(-k // micro_k)
+    shared = (shared_row(bm) + shared_row(bn)) * micro_k * 4 * (2 if double else 1)
+    registers = vm * vn * mm * mn + vm * mm + vn * mn + 24
+    smem_sm = info.max_shared_memory_per_sm or 228 * 1024
+    per_sm = min(BLOCKS_PER_SM, THREADS_PER_SM // threads, smem_sm // max(shared, 1),
+                 REGISTERS_PER_SM // (threads * min(registers, 255)))
+    per_sm = max(per_sm, 1)
+    sms = info.multiprocessors or 108
+    waves = blocks / (sms * per_sm)
+    step_bytes = (bm + bn) * micro_k * 4
+    return {
+        "blocks": blocks, "threads": threads, "block_m": bm, "block_n": bn,
+        "k_steps": k_steps, "shared_bytes": shared, "registers": registers,
+        "blocks_per_sm": per_sm, "occupancy": per_sm * threads / THREADS_PER_SM,
+        "waves": waves, "wave_efficiency": waves / math.ceil(waves),
+        "bytes_per_step": step_bytes, "flops_per_byte": 2 * bm * bn / ((bm + bn) * 4),
+        "global_bytes": blocks * k_steps * step_bytes,
+        "padding": (-(-m // bm) * bm * -(-n // bn) * bn) / (m * n),
+        "vector_bytes": 4 * int(config["vector"]), "unroll": int(config["unroll"]),
+        "double_buffered": float(double), "dlight_rule": float(config["rule"] != "simt"),
+    }
+
+
 class GpuMatmulTemplate(Template):
     target_kind = "cuda"
 
@@ -135,6 +198,13 @@ class GpuMatmulTemplate(Template):
 
     def dims(self, ctx: ScheduleContext) -> tuple[int, int, int, int]:
         return matmul_dims(ctx)
+
+    def kernel_features(self, workload: dict[str, Any], config: dict[str, Any],
+                        info: Any) -> list[float]:
+        """The cost model's features of a config beyond its knobs (KERNEL_FEATURES),
+        log-scaled so that workloads of other sizes share a scale (transfer)."""
+        values = kernel_features(workload, config, info)
+        return [math.log2(1 + values[name]) for name in KERNEL_FEATURES]
 
     def fallback(self, space: ConfigSpace, ctx: ScheduleContext) -> Config:
         batch, m, n, k = self.dims(ctx)
@@ -170,6 +240,13 @@ class GpuMatmulTemplate(Template):
             else:
                 result = None
             if rule == "simt":
+                if ctx.workload is not None:  # refused here, not after nvcc
+                    shared = kernel_features(ctx.workload, config, target_info(ctx.target))[
+                        "shared_bytes"]
+                    limit = target_info(ctx.target).max_shared_memory_per_block or 49152
+                    if shared > limit:
+                        raise ValueError(f"the tile needs {shared} bytes of shared memory; "
+                                         f"a block may use {limit}")
                 tile = tuple(int(v) for v in config["tile"].split(","))
                 result = schedule_simt_matmul(func, tile, config["micro_k"], config["vector"],
                                               config["unroll"], config["pipeline"])
@@ -208,7 +285,10 @@ class GpuConvTemplate(GpuMatmulTemplate):
     rule refuses them and the group gets the direct schedule (gpu_default.py)."""
 
     def workload(self, call: Any, kind: str) -> dict[str, Any]:
-        return Template.workload(self, call, kind)
+        return conv_workload(self.name, call)
+
+    def tunable(self, workload: dict[str, Any]) -> bool:
+        return workload.get("groups", 1) == 1
 
     def dims(self, ctx: ScheduleContext) -> tuple[int, int, int, int]:
         extents = ctx.loop_extents()

@@ -184,8 +184,11 @@ class Task:
         return self._run_fallback(inputs)
 
     def _run_fallback(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
-        """Outputs of the fallback config's kernel (for ops numpy cannot evaluate)."""
+        """Outputs of the fallback config's kernel (for ops numpy cannot evaluate), on
+        the CPU: a GPU task's reference must not need the GPU under test."""
         target = self.tvm_target
+        if target.kind.name != "llvm":
+            target = resolve_target("llvm")
         prim = lower_primitive(self.func, "ref", target)
         ex = tvm.compile(tvm.IRModule({"ref": prim}), target=target)
         dev = tvm.cpu()
@@ -300,7 +303,7 @@ def extract_tasks(func: Function, target: Any) -> list[Task]:
         for call, kind, template in anchors_of(prim, tgt):
             wl = template.workload(call, kind)
             key = workload_json(wl)
-            if key in tasks:
+            if key in tasks or not template.tunable(wl):
                 continue
             # a dense on a constant weight is packed at compile time (dense_pack)
             task_kind = "dense_pack" if kind in ("dense", "dense_pack") and (
@@ -331,8 +334,10 @@ def task_from_workload(workload: dict[str, Any], target: Any, name: str | None =
     a = Var("in0", TensorType(tuple(a_shape), a_dtype))
     b = Var("in1", TensorType(tuple(b_shape), b_dtype))
     if template == "dense":
+        # a CPU dense packs its constant weight at compile time; a GPU one does not
+        kind = "dense_pack" if tgt.kind.name == "llvm" else "dense"
         func = Function([a, b], Call("nn.dense", [a, b]))
-        return Task(name, workload, template, "dense_pack", func, target_to_json(tgt))
+        return Task(name, workload, template, kind, func, target_to_json(tgt))
     attrs = workload.get("attrs", {})
     func = Function([a, b], Call("nn.matmul", [a, b], attrs))
     kind = template + ("_nt" if attrs.get("transpose_b") else "")

@@ -145,6 +145,11 @@ class Template:
             "attrs": jsonable(dict(call.attrs)),
         }
 
+    def tunable(self, workload: dict[str, Any]) -> bool:
+        """Whether the template schedules this workload by its knobs (a workload it
+        hands to a fixed schedule is no tuning task)."""
+        return True
+
     def define_space(self, ctx: ScheduleContext) -> ConfigSpace:
         raise NotImplementedError
 

@@ -172,7 +172,7 @@ def tune(
     verify_rounds: int = 3,
     winograd: bool = True,
     transfer: bool | str | os.PathLike | Sequence[str | os.PathLike] = True,
-    cache_flush: bool = False,
+    cache_flush: bool | None = None,
 ) -> list:
     """Tune the kernels of `model` for `target` with `trials` measurements in all,
     appending every measurement to `records` (re-running on the same file resumes).
@@ -184,12 +184,15 @@ def tune(
     template, in `records` (True), also in these files or folders, or not (False).
     `cache_flush`: time every call with the kernel's weights flushed from the CPU caches
     (for models whose weights do not fit in cache; keep such records in their own file).
+    None: off on CPUs; on CUDA every call starts with a cold L2 unless it is False.
     Returns the per-task tuning states (their histories and best GFLOP/s)."""
     from tecc.autotune.tune import plot_curves, require_plotting, tune_tasks
     from tecc.schedules.tasks import extract_tasks
 
     if plot:  # before tuning: a missing matplotlib found after hours of it is no help
         require_plotting()
+    if target_info(target).is_gpu:
+        require_gpu(target)
     timings: dict[str, float] = {}
     _, partitioned, _, _, info = fused_graph(model, example_inputs, target, 3, None, None,
                                         timings, winograd)
@@ -208,6 +211,20 @@ def tune(
     if plot:
         plot_curves(states, plot)
     return states
+
+
+def require_gpu(target: str) -> None:
+    """Tuning measures on the device: refuse a cuda target on a machine without a GPU
+    before anything is built."""
+    from tecc.runtime.cuda import CudaError, cuda_device
+
+    try:
+        cuda_device(0)
+    except CudaError as err:
+        raise CudaError(f"tuning for {target} measures every candidate on an NVIDIA GPU, "
+                           f"and there is none here: {err}. Tune on a machine with the GPU "
+                           "(the records it writes apply to compiles for that arch on any "
+                           "machine)") from None
 
 
 def retarget(

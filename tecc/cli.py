@@ -78,6 +78,7 @@ def _retarget(args: argparse.Namespace, model_spec: str, foreign: list[str] | No
 def cmd_tune(args: argparse.Namespace) -> int:
     import tecc
     from tecc.autotune.records import RecordsBusyError
+    from tecc.runtime.cuda import CudaError
 
     if args.retarget:
         return _retarget(args, args.model, args.transfer, args.records)
@@ -90,7 +91,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
                            winograd=not args.no_winograd,
                            transfer=False if args.no_transfer else (args.transfer or True),
                            cache_flush=args.cache_flush)
-    except RecordsBusyError as err:
+    except (RecordsBusyError, CudaError) as err:
         raise SystemExit(f"tecc tune: {err}") from None
     print(f"{'task':28s} {'calls':>5s} {'trials':>6s} {'best GFLOP/s':>12s}")
     for s in states:
@@ -237,9 +238,10 @@ def main(argv: list[str] | None = None) -> int:
                         "or folders, e.g. tuning_logs/); the --records file always counts")
     p.add_argument("--no-transfer", action="store_true",
                    help="start every new kernel's cost model from scratch")
-    p.add_argument("--cache-flush", action="store_true",
-                   help="time kernels with their weights flushed from the CPU caches, as "
-                        "in a model whose weights do not fit in cache (CPU targets)")
+    p.add_argument("--cache-flush", action=argparse.BooleanOptionalAction, default=None,
+                   help="time kernels with their weights flushed from the caches, as in a "
+                        "model whose weights do not fit in cache (default: on for cuda, "
+                        "where L2 is overwritten before every call; off for CPUs)")
     p.add_argument("--retarget", action="store_true",
                    help="instead of tuning, measure here the best configs of the records "
                         "of other machines (--records and --transfer files), a few minutes")

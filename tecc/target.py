@@ -63,6 +63,7 @@ class TargetInfo:
     arch: str = ""  # sm_XX
     max_threads_per_block: int = 0
     max_shared_memory_per_block: int = 0
+    max_shared_memory_per_sm: int = 0
     warp_size: int = 0
     multiprocessors: int = 0
 
@@ -143,7 +144,8 @@ def _cuda_info(target: tvm.target.Target) -> TargetInfo:
     warp = _attr(target, "thread_warp_size") or 32
     return TargetInfo(kind="cuda", tvm_target=target, arch=arch,
                       max_threads_per_block=int(threads),
-                      max_shared_memory_per_block=int(smem), warp_size=int(warp),
+                      max_shared_memory_per_block=int(smem),
+                      max_shared_memory_per_sm=facts["smem_sm"], warp_size=int(warp),
                       multiprocessors=facts["sms"], l2_bytes=facts["l2"])
 
 
@@ -154,8 +156,9 @@ def _target_key(target: tvm.target.Target) -> str:
 _INFO: dict[str, TargetInfo] = {}
 
 
-def target_info(target: str | tvm.target.Target | TargetInfo) -> TargetInfo:
-    """The facts of `target` (a short string, a TVM Target, or facts already)."""
+def target_info(target: str | Mapping[str, Any] | tvm.target.Target | TargetInfo
+                ) -> TargetInfo:
+    """The facts of `target` (a short string, its JSON, a TVM Target, or facts)."""
     if isinstance(target, TargetInfo):
         return target
     target = resolve_target(target)
@@ -171,7 +174,8 @@ def target_info(target: str | tvm.target.Target | TargetInfo) -> TargetInfo:
     return _INFO[key]
 
 
-def resolve_target(spec: str | tvm.target.Target | TargetInfo = "llvm") -> tvm.target.Target:
+def resolve_target(spec: str | Mapping[str, Any] | tvm.target.Target | TargetInfo = "llvm"
+                   ) -> tvm.target.Target:
     """A TVM Target from a short string ("llvm", "llvm:<cpu>", "cuda", "cuda:sm_XX");
     a Target passes through unchanged. "llvm" is this host, its CPU named by LLVM; an
     unknown CPU name is an error, not a silent generic build."""
@@ -179,6 +183,8 @@ def resolve_target(spec: str | tvm.target.Target | TargetInfo = "llvm") -> tvm.t
         return spec
     if isinstance(spec, TargetInfo):
         return spec.tvm_target
+    if isinstance(spec, Mapping):  # a record's or a manifest's target
+        return target_from_json(spec)
     kind, _, detail = spec.strip().partition(":")
     kind = kind.lower()
     if kind == "llvm":

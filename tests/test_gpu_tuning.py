@@ -1,0 +1,217 @@
+"""Tuning on the GPU: CUDA candidates build here with their cubins, the GPU runner
+records every fault of a candidate by kind and replaces its worker (a CUDA fault
+breaks the process's context), the cost model's kernel features agree with the built
+kernels, and whole-model tuning writes cuda records that compile applies. Where a GPU
+is visible (the H200 runs this file), candidates are timed on it and real faults are
+provoked; elsewhere the GPU's faults come from a stand-in job function."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import numpy as np
+import pytest
+import torch
+import tvm
+from tecc.autotune.builder import LocalBuilder, remove_built
+from tecc.autotune.features import FeatureCache
+from tecc.autotune.measure import MeasureInput, measure_batch
+from tecc.autotune.records import load_records, target_relation
+from tecc.autotune.runner import LocalRunner, RunJob
+from tecc.autotune.tune import runner_options_for, tune_tasks
+from tecc.schedules.gpu_default import launch_extents
+from tecc.schedules.gpu_templates import KERNEL_FEATURES, kernel_features
+from tecc.schedules.tasks import task_from_workload
+
+import tecc
+from tecc.cuda_toolchain import compile_cuda, embedded_cuda_archs
+from tecc.target import target_info
+from tests.cuda_faults import CudaFaultTask, fake_cuda_run, fault_space
+from tests.models import MatMul
+from tests.test_cuda import ARCH, GPU
+
+DENSE = {"template": "dense", "inputs": [[[128, 256], "float32"], [[384, 256], "float32"]],
+         "attrs": {}}
+
+
+def dense_task():
+    return task_from_workload(DENSE, f"cuda:{ARCH}", name="dense_gpu")
+
+
+def config_of(task, **values):
+    base = {"rule": "simt", "tile": "8,8,1,1,4,4", "micro_k": 16, "vector": 4,
+            "unroll": 256, "pipeline": "none"}
+    return task.space.from_json({**base, **values})
+
+
+@pytest.fixture(scope="module")
+def builder():
+    with LocalBuilder(n_parallel=2, timeout_s=120) as b:
+        yield b
+
+
+def test_cuda_candidates_build_with_their_cubins(builder):
+    task = dense_task()
+    configs = [config_of(task), config_of(task, tile="16,16,1,2,4,4", pipeline="double"),
+               # 2 x 64 x (64 + 132 + 4) floats of shared memory: over a block's 48 KiB
+               config_of(task, tile="16,16,1,2,4,4", micro_k=64, pipeline="double")]
+    built = builder.build([MeasureInput(task, c) for c in configs])
+    try:
+        for b in built[:2]:
+            assert b.error is None, b.error
+            with open(b.path, "rb") as f:
+                assert ("elf", int(ARCH[3:])) in embedded_cuda_archs(f.read())
+            assert b.arg_specs == [((128, 256), "float32"), ((384, 256), "float32"),
+                                   ((128, 384), "float32")]
+        assert built[2].path is None
+        assert built[2].error.startswith("build_error:") and "shared memory" in built[2].error
+    finally:
+        remove_built(built)
+
+
+def _fault_jobs(tmp_path, faults):
+    paths = []
+    for i, fault in enumerate(faults):
+        path = tmp_path / f"{i}-{fault}.so"
+        path.write_bytes(b"")
+        paths.append(str(path))
+    a = np.ones((4, 4), "float32")
+    return [RunJob(p, [a], [((4, 4), "float32")], None, "cuda", "k") for p in paths]
+
+
+def test_gpu_faults_fail_their_candidate_and_replace_the_worker(tmp_path):
+    faults = ["none", "illegal_address", "none", "launch_failure", "run_hang", "none",
+              "abort", "none"]
+    jobs = _fault_jobs(tmp_path, faults)
+    with LocalRunner(device="cuda", timeout_s=5, run_fn=fake_cuda_run) as runner:
+        outcomes = runner.run(jobs)
+        restarts = runner.pool.restarts
+    kinds = [o.error.split(":")[0] if o.error else None for o in outcomes]
+    assert kinds == [None, "run_error", None, "run_error", "run_timeout", None,
+                     "runtime_crash", None]
+    assert "illegal memory access" in outcomes[1].error
+    assert "too many resources" in outcomes[3].error
+    # every candidate after a fault ran in a fresh process, and so was measured
+    pids = [int(open(j.path + ".pid").read()) for j in jobs]
+    assert pids[0] != pids[2] != pids[5] != pids[7]
+    assert all(o.cost > 0 for o, k in zip(outcomes, kinds, strict=True) if k is None)
+    assert restarts == 4
+
+
+def test_a_cpu_runner_refuses_cuda_jobs(tmp_path):
+    with LocalRunner(timeout_s=5) as runner, pytest.raises(ValueError, match="cuda job"):
+        runner.run(_fault_jobs(tmp_path, ["none"]))
+
+
+def test_real_cuda_faults_are_recorded_and_the_tuner_goes_on(builder, tmp_path):
+    """On a GPU: a kernel that reads 16 GB out of bounds, one that never ends and one
+    one step short fail alone; without one, every candidate fails saying so."""
+    task = CudaFaultTask(target={"kind": "cuda", "arch": ARCH})
+    space = fault_space()
+    faults = ["none", "illegal_address", "none", "run_hang", "wrong", "none"]
+    inputs = [MeasureInput(task, space.from_json({"fault": f})) for f in faults]
+    with LocalRunner(device="cuda", timeout_s=8, cache_flush=True, number=1, repeat=5,
+                     flush_bytes=8 << 20) as runner:
+        results = measure_batch(builder, runner, inputs)
+    kinds = [r.error_kind for r in results]
+    if GPU:
+        assert kinds == [None, "run_error", None, "run_timeout", "wrong_result", None]
+        assert all(len(r.costs_s) == 5 and min(r.costs_s) > 0 for r in results[::2])
+    else:
+        assert kinds == ["run_error"] * len(faults)
+        assert all("CUDA" in r.error for r in results)
+
+
+def test_kernel_features_agree_with_the_built_kernel():
+    task = dense_task()
+    info = target_info(task.target)
+    for values in [{}, {"tile": "16,16,2,2,4,4", "micro_k": 8},
+                   {"tile": "16,16,1,1,1,1", "pipeline": "double"},
+                   {"tile": "8,16,1,1,4,4", "micro_k": 32, "vector": 2}]:
+        config = config_of(task, **values)
+        features = kernel_features(task.workload, config, info)
+        prim = task.build_primfunc(config)
+        extents = launch_extents(prim)
+        assert features["threads"] == extents["threadIdx.x"] * extents["threadIdx.y"]
+        assert features["blocks"] == extents["blockIdx.x"] * extents["blockIdx.y"]
+        source = compile_cuda(tvm.IRModule({"main": prim}), task.tvm_target).mod.imports[
+            0].inspect_source()
+        shared = sum(4 * int(n) for n in re.findall(r"__shared__ .*float \w+\[(\d+)\]", source))
+        assert features["shared_bytes"] == shared, (values, source[:2000])
+    # the cost model reads the knobs and these, not the scheduled loop nest
+    cache = FeatureCache(task)
+    rows = cache([task.space.get(0), task.space.get(7)])
+    assert rows.shape == (2, cache.dim) and cache.dim == len(
+        task.space.features(task.space.get(0))) + len(KERNEL_FEATURES)
+    assert not np.array_equal(rows[0], rows[1])
+
+
+def test_runner_options_time_cuda_cold_by_default():
+    cuda = runner_options_for(30.0, None, None, {"kind": "cuda", "arch": "sm_90"})
+    assert cuda["device"] == "cuda" and cuda["cache_flush"] is True
+    assert cuda["flush_bytes"] == 2 * target_info("cuda:sm_90").l2_bytes
+    assert cuda["number"] == 1 and cuda["repeat"] >= 10
+    warm = runner_options_for(30.0, False, None, {"kind": "cuda", "arch": "sm_90"})
+    assert "cache_flush" not in warm and warm["device"] == "cuda"
+    assert "device" not in runner_options_for(30.0, None, None, None)
+
+
+def test_tuning_a_cuda_model_writes_records_that_compile_applies(tmp_path):
+    """Tuning for cuda, measured by the stand-in runner here (real cubins built), then
+    resumed; compile for the same arch applies the records, another arch does not."""
+    gen = torch.Generator().manual_seed(0)
+    a, b = torch.randn(96, 160, generator=gen), torch.randn(160, 64, generator=gen)
+    records = tmp_path / "cuda.jsonl"
+    target = f"cuda:{ARCH}"
+    options = None if GPU else {"run_fn": fake_cuda_run}
+    states = _tune(MatMul(), (a, b), target, records, 8, options)
+    assert [s.trials for s in states] == [8]
+    lines, skipped = load_records(records)
+    assert skipped == 0 and len(lines) >= 8
+    assert {json.dumps(r.target, sort_keys=True) for r in lines} == {
+        json.dumps({"kind": "cuda", "arch": ARCH}, sort_keys=True)}
+    measured = {json.dumps(r.config, sort_keys=True) for r in lines if r.verify is None}
+    assert len(measured) == 8
+    # resumed: the next run measures 4 new configs, none of the earlier ones again
+    _tune(MatMul(), (a, b), target, records, 4, options)
+    again = [json.dumps(r.config, sort_keys=True) for r in load_records(records)[0]
+             if r.verify is None]
+    assert len(again) == 12 and len(set(again)) == 12
+    compiled = tecc.compile(MatMul(), (a, b), target=target, records=str(records))
+    assert [t["source"] for t in compiled.tasks()] == ["exact"]
+    assert target_relation(lines[0].target, {"kind": "cuda", "arch": "sm_80"}) == "foreign"
+    other = tecc.compile(MatMul(), (a, b), target="cuda:sm_80", records=str(records))
+    assert [t["source"] for t in other.tasks()] == ["fallback"]
+    if GPU:
+        got = compiled(a.cuda(), b.cuda()).cpu()
+        torch.testing.assert_close(got, a @ b, rtol=1e-4, atol=1e-4)
+
+
+def _tune(model, inputs, target, records, trials, runner_options):
+    from tecc.schedules.tasks import extract_tasks
+
+    from tecc.api import fused_graph, task_weights
+
+    _, part, _, _, info = fused_graph(model, inputs, target, 3, None, None, {})
+    tasks = extract_tasks(part, info.tvm_target)
+    return tune_tasks(tasks, task_weights(part, info.tvm_target, tasks), records, trials,
+                      batch_size=4, early_stopping=None, progress=False, verify_top=1,
+                      verify_rounds=1, runner_options=runner_options)
+
+
+def test_tecc_tune_refuses_cuda_without_a_gpu_or_tunes_on_it(tmp_path, capsys):
+    """`tecc tune --target cuda` on a machine without a GPU says so before any build."""
+    from tecc.cli import main
+
+    records = tmp_path / "r.jsonl"
+    argv = ["tune", "benchmarks.models_factory:mlp", "--target", f"cuda:{ARCH}",
+            "--records", str(records), "--trials", "4", "--verify-top", "0"]
+    if GPU:
+        assert main(argv) == 0
+        assert load_records(records)[0]
+    else:
+        with pytest.raises(SystemExit, match="GPU"):
+            main(argv)
+        assert not os.path.exists(records)

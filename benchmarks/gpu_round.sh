@@ -28,7 +28,8 @@ case "${1:-}" in
     python3 benchmarks/gpu_gemm_configs.py "$@" 2>&1 | tee "$OUT/gemm_configs.log";;
   efficiency)
     shift
-    python3 benchmarks/tuner_efficiency.py --target cuda "$@" 2>&1 | tee -a "$OUT/efficiency.log"
+    timeout "${BENCH_TIMEOUT:-3000}" python3 benchmarks/tuner_efficiency.py --target cuda "$@" \
+      2>&1 | tee -a "$OUT/efficiency.log"
     cp benchmarks/results/tuner_efficiency_cuda* "$OUT/";;
   tune)
     shift
@@ -38,7 +39,8 @@ case "${1:-}" in
       echo "== tune $model $trials trials" | tee -a "$OUT/tune.log"
       start=$(date +%s)
       # from /tmp with the checkout after the installed tecc (see tests)
-      (root=$PWD; cd /tmp && PYTHONPATH="$PYTHONPATH:$root" python3 -m tecc.cli tune \
+      (root=$PWD; cd /tmp && PYTHONPATH="$PYTHONPATH:$root" timeout "${TUNE_TIMEOUT:-3000}" \
+        python3 -m tecc.cli tune \
         "benchmarks.models_factory:$model" --target cuda --records "$root/$records" \
         --trials "$trials") 2>&1 | tr '\r' '\n' | grep -v "trial/s\]$" | tee -a "$OUT/tune.log"
       echo "== $model: $(( $(date +%s) - start )) s" | tee -a "$OUT/tune.log"

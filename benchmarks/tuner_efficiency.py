@@ -221,9 +221,12 @@ def main() -> None:
         run_missing(args, chosen, tuners, target, store)
     # torch is measured when the table is written (a second each), not hours earlier
     # under whatever else the machine ran then
+    on_device = not cuda or torch.cuda.is_available()
     for wl in chosen:
-        store.set_torch(wl["name"], torch_gflops(wl, cuda))
-    device = torch.cuda.get_device_name() if cuda else host_line()
+        if on_device:  # a --report away from the GPU keeps the figures measured there
+            store.set_torch(wl["name"], torch_gflops(wl, cuda))
+    device = (torch.cuda.get_device_name() if on_device else "the GPU the curves were "
+              "measured on") if cuda else host_line()
     write_table(
         args.output, "Tuner efficiency: best GFLOP/s against trials (mean over seeds)",
         ["workload", "tuner", "seeds"] + [f"@{m}" for m in marks]

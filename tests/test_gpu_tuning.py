@@ -117,8 +117,12 @@ def test_real_cuda_faults_are_recorded_and_the_tuner_goes_on(builder, tmp_path):
         results = measure_batch(builder, runner, inputs)
     kinds = [r.error_kind for r in results]
     if GPU:
-        assert kinds == [None, "run_error", None, "run_timeout", "wrong_result", None]
-        assert all(len(r.costs_s) == 5 and min(r.costs_s) > 0 for r in results[::2])
+        # an illegal address raises, or aborts the worker where TVM meets the sticky
+        # error outside a call: either way that candidate alone fails
+        assert kinds[1] in ("run_error", "runtime_crash")
+        assert kinds[:1] + kinds[2:] == [None, None, "run_timeout", "wrong_result", None]
+        assert all(len(r.costs_s) == 5 and min(r.costs_s) > 0
+                   for r, f in zip(results, faults, strict=True) if f == "none")
     else:
         assert kinds == ["run_error"] * len(faults)
         assert all("CUDA" in r.error for r in results)

@@ -15,7 +15,7 @@ import functools
 import os
 from typing import Any
 
-import tvm
+from . import _tvm
 
 CUDA_SUCCESS = 0
 STREAM_NON_BLOCKING = 1
@@ -148,7 +148,7 @@ def device_arch(index: int = 0) -> str:
 def cuda_device(index: int = 0) -> Any:
     """TVM's device `index`, or CudaError saying why there is none."""
     ensure_tvm_cuda_runtime()
-    dev = tvm.cuda(index)
+    dev = _tvm.device("cuda", index)
     if not dev.exist:
         raise CudaError(f"no CUDA device {index} is visible here (no NVIDIA GPU, or its driver "
                         "is not loaded); a cuda model runs on a machine with an NVIDIA GPU")

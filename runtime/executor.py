@@ -12,7 +12,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
-import tvm
+
+from . import _tvm
 
 PLAN_VERSION = 1
 
@@ -241,7 +242,7 @@ class Executor:
               dtype: np.dtype) -> tuple[Any, Any]:
         """(the tensor's own handle, its TVM tensor) over bytes [offset, +nbytes)."""
         view = storage[offset : offset + nbytes].view(dtype).reshape(shape)
-        return view, tvm.runtime.from_dlpack(view)
+        return view, _tvm.from_dlpack(view)
 
     def _upload(self, view: Any, value: np.ndarray) -> None:
         np.copyto(view, value)
@@ -369,7 +370,7 @@ class CudaExecutor(Executor):
 
     def _allocate(self, nbytes: int) -> Any:
         # one allocation per storage (cudaMalloc returns 256-byte aligned memory)
-        return tvm.runtime.empty((max(nbytes, 1),), "uint8", self.device)
+        return _tvm.empty((max(nbytes, 1),), "uint8", self.device)
 
     def _view(self, storage: Any, offset: int, nbytes: int, shape: tuple[int, ...],
               dtype: np.dtype) -> tuple[Any, Any]:
@@ -389,7 +390,7 @@ class CudaExecutor(Executor):
         """The kernel calls with the input storages' tensors over the caller's tensors."""
         bound: dict[int, Any] = {}
         for x, group in zip(gpu_inputs, self._input_tensors, strict=True):
-            base = tvm.runtime.from_dlpack(x)
+            base = _tvm.from_dlpack(x)
             for tid, offset in group:
                 view = self._views[tid]
                 bound[tid] = base._create_view(view.shape, str(view.dtype),

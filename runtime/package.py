@@ -23,9 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import tvm
 
-from . import cpu
+from . import _tvm, cpu
 from .executor import Executor, PlanError, TensorSpec, make_executor
 
 FORMAT_VERSION = 1
@@ -140,7 +139,7 @@ def write_package(
         manifest.update(
             format_version=FORMAT_VERSION,
             tecc=manifest_extra.get("tecc"),
-            tvm=tvm.__version__,
+            tvm=_tvm.VERSION,
             target=target,
             inputs=_plan_specs(plan, "inputs"),
             outputs=_plan_specs(plan, "outputs"),
@@ -220,7 +219,10 @@ def _check_target(target: Mapping[str, Any]) -> None:
         raise PackageError(f"this package was built for {built_for}; target kind {kind!r} is not supported")
 
 
-def _verify_files(root: Path, manifest: Mapping[str, Any]) -> None:
+def _verify_files(root: Path, manifest: Mapping[str, Any], shown: Path | None = None) -> None:
+    """The payload files under `root` against the manifest's digests; errors name
+    `shown` (the user's .tar, not the folder it was extracted to)."""
+    root_dir, root = root, shown or root
     files = manifest.get("files")
     if not isinstance(files, Mapping):
         raise PackageError(f"{root}: manifest.json has no 'files' digests; re-export the package")
@@ -228,7 +230,7 @@ def _verify_files(root: Path, manifest: Mapping[str, Any]) -> None:
         if name not in files:
             raise PackageError(f"{root}: manifest.json lists no digest for {name}; re-export the package")
     for name, digest in files.items():
-        p = root / name
+        p = root_dir / name
         if Path(name).name != name:
             raise PackageError(f"{root}: manifest names a file outside the package: {name!r}")
         if not p.is_file():
@@ -281,10 +283,19 @@ class Package:
 
 
 def _extract_tar(path: Path) -> tempfile.TemporaryDirectory[str]:
+    """The package's files extracted to a temporary folder. A member that is not one
+    of the package's files (another name, a folder, a link, an absolute or `../` path)
+    means the archive was not written by export: it is refused, not skipped."""
     tmp = tempfile.TemporaryDirectory(prefix="tecc-pkg-")
     try:
         with tarfile.open(path, "r") as tf:
-            members = [m for m in tf.getmembers() if m.isfile() and Path(m.name).name == m.name]
+            members = tf.getmembers()
+            foreign = [m.name for m in members
+                       if not m.isfile() or m.name not in (MANIFEST, *PAYLOAD)]
+            if foreign:
+                raise PackageError(f"{path}: the archive holds member(s) a tecc package does "
+                                   f"not have: {foreign[:5]}; it was changed after export. "
+                                   "Re-export the package")
             if hasattr(tarfile, "data_filter"):
                 tf.extractall(tmp.name, members=members, filter="data")
             else:  # Python without extraction filters: members are already plain top-level files
@@ -292,7 +303,48 @@ def _extract_tar(path: Path) -> tempfile.TemporaryDirectory[str]:
     except tarfile.TarError as exc:
         tmp.cleanup()
         raise PackageError(f"{path}: not a readable .tar package ({exc}); re-export it") from exc
+    except PackageError:
+        tmp.cleanup()
+        raise
     return tmp
+
+
+def open_package(path: str | os.PathLike[str]
+                 ) -> tuple[Path, dict[str, Any], tempfile.TemporaryDirectory[str] | None]:
+    """A package's folder (a .tar extracted to a temporary one, returned to keep it
+    alive) and its manifest, after checking the manifest's form, the format version
+    and every file's digest; errors name `path`."""
+    path = Path(path)
+    tmpdir = None
+    if path.is_file():
+        tmpdir = _extract_tar(path)
+        root = Path(tmpdir.name)
+    elif path.is_dir():
+        root = path
+    else:
+        raise PackageError(f"{path}: no such package (expected a directory or a .tar)")
+    try:
+        manifest_path = root / MANIFEST
+        if not manifest_path.is_file():
+            raise PackageError(f"{path}: no manifest.json, not a tecc package")
+        try:
+            manifest = json.loads(manifest_path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise PackageError(f"{path}: manifest.json is not valid JSON ({exc}); "
+                               "re-export it") from exc
+        if not isinstance(manifest, dict):
+            raise PackageError(f"{path}: manifest.json holds a JSON {type(manifest).__name__}, "
+                               "not an object; re-export the package")
+        if manifest.get("format_version") != FORMAT_VERSION:
+            raise PackageError(
+                f"{path}: package format_version {manifest.get('format_version')!r}; this "
+                f"runtime reads version {FORMAT_VERSION}. Re-export with a matching tecc.")
+        _verify_files(root, manifest, path)
+    except PackageError:
+        if tmpdir is not None:
+            tmpdir.cleanup()
+        raise
+    return root, manifest, tmpdir
 
 
 def load_package(
@@ -304,30 +356,8 @@ def load_package(
     check_target: False skips the host CPU check (for a target this runtime cannot judge).
     """
     path = Path(path)
-    tmpdir = None
-    if path.is_file():
-        tmpdir = _extract_tar(path)
-        root = Path(tmpdir.name)
-    elif path.is_dir():
-        root = path
-    else:
-        raise PackageError(f"{path}: no such package (expected a directory or a .tar)")
-
-    manifest_path = root / MANIFEST
-    if not manifest_path.is_file():
-        raise PackageError(f"{path}: no manifest.json, not a tecc package")
-    try:
-        manifest = json.loads(manifest_path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise PackageError(f"{path}: manifest.json is not valid JSON ({exc}); re-export it") from exc
-    if manifest.get("format_version") != FORMAT_VERSION:
-        raise PackageError(
-            f"{path}: package format_version {manifest.get('format_version')!r}; this runtime "
-            f"reads version {FORMAT_VERSION}. Re-export with a matching tecc."
-        )
-
     # All checks before any machine code is loaded.
-    _verify_files(root, manifest)
+    root, manifest, tmpdir = open_package(path)
     target = manifest.get("target")
     if not isinstance(target, Mapping):
         raise PackageError(f"{path}: manifest.json has no target; re-export the package")
@@ -342,10 +372,10 @@ def load_package(
     if device is not None and str(device).split(":")[0] != device_kind:
         raise PackageError(f"{path}: a {target.get('kind')} package runs on {device_kind}, "
                            f"not on {device}")
-    if manifest.get("tvm") != tvm.__version__:
+    if manifest.get("tvm") != _tvm.VERSION:
         warnings.warn(
             f"{path}: package built with TVM {manifest.get('tvm')}, this runtime is TVM "
-            f"{tvm.__version__}; re-export if it misbehaves",
+            f"{_tvm.VERSION}; re-export if it misbehaves",
             RuntimeWarning,
             stacklevel=2,
         )
@@ -357,7 +387,7 @@ def load_package(
         from .cuda import ensure_tvm_cuda_runtime
 
         ensure_tvm_cuda_runtime()  # TVM_USE_RUNTIME_LIB=1 loads no CUDA runtime
-    module = tvm.runtime.load_module(str(root / LIB))
+    module = _tvm.load_module(str(root / LIB))
     try:
         executor = make_executor(module, plan, params, device_kind)
     except PlanError as exc:

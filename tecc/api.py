@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import tempfile
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -78,6 +80,17 @@ class CompiledModel:
             {"tecc": __version__, "target": _manifest_target(self.target_info),
              "records_digest": self.records_digest},
         )
+
+    def export_python_package(self, out_dir: str | os.PathLike, name: str,
+                              version: str = "1.0") -> Path:
+        """Write a wheel `name`-`version` into `out_dir` that runs this model with numpy
+        and apache-tvm-ffi alone (`pip install` it; `import name; name.load()`); returns
+        its path. See tecc.deploy."""
+        from tecc.deploy import write_python_package
+
+        with tempfile.TemporaryDirectory(prefix="tecc-wheel-") as tmp:
+            self.export(Path(tmp) / "package")
+            return write_python_package(Path(tmp) / "package", out_dir, name, version)
 
     def tasks(self) -> list[dict]:
         """The model's tuning tasks, one per distinct workload: workload_key (canonical

@@ -155,10 +155,29 @@ def cmd_records(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    """A compiled package as a pip-installable wheel."""
+    from tecc.deploy import write_python_package
+    from tecc.runtime import PackageError
+
+    try:
+        wheel = write_python_package(args.package, args.python_package, args.name, args.version)
+    except (PackageError, ValueError) as err:
+        raise SystemExit(f"tecc export: {err}") from None
+    print(f"wrote {wheel} ({wheel.stat().st_size / 1e6:.1f} MB); install it with "
+          f"`pip install {wheel}`, then `import {args.name}; model = {args.name}.load()`")
+    return 0
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from tecc import runtime
 
-    package = runtime.load_package(args.package)
+    if args.repeat < 1:
+        raise SystemExit(f"tecc run: --repeat must be at least 1, got {args.repeat}")
+    try:
+        package = runtime.load_package(args.package)
+    except runtime.PackageError as err:
+        raise SystemExit(f"tecc run: {err}") from None
     specs = package.input_specs
     if args.inputs:
         with np.load(args.inputs) as data:
@@ -172,7 +191,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         arrays = [rng.standard_normal(s.shape).astype(s.dtype)
                   if s.dtype.startswith("float")
                   else rng.integers(0, 2, s.shape).astype(s.dtype) for s in specs]
-    flat = package.run_flat(*arrays)
+    try:
+        flat = package.run_flat(*arrays)
+    except (ValueError, TypeError) as err:  # wrong shapes or dtypes: the input is named
+        raise SystemExit(f"tecc run: {err}") from None
     if args.print_time:
         times = []
         for _ in range(args.repeat):
@@ -262,6 +284,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-winograd", action="store_true", help=NO_WINOGRAD_HELP)
     add_retarget_options(p)
     p.set_defaults(func=cmd_records)
+
+    p = sub.add_parser("export", help="turn a deployment package into a pip-installable "
+                       "wheel that needs neither torch nor tecc")
+    p.add_argument("package", help="a package written by `tecc compile` (directory or .tar)")
+    p.add_argument("--python-package", required=True, metavar="OUT",
+                   help="folder to write the wheel into")
+    p.add_argument("--name", required=True, help="the Python package name (an identifier)")
+    p.add_argument("--version", default="1.0")
+    p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("run", help="run a deployment package")
     p.add_argument("package")

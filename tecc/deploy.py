@@ -182,3 +182,93 @@ def _write_wheel(root: Path, manifest: dict, out_dir: Path, name: str, version: 
     finally:
         partial.unlink(missing_ok=True)
     return path
+
+
+# ------------------------------------------------------------- checking a wheel in a venv
+
+def _link_distribution(name: str, site: Path, seen: set[str]) -> None:
+    """Symlink an installed distribution and its requirements into `site`."""
+    key = name.lower().replace("_", "-")
+    if key in seen:
+        return
+    seen.add(key)
+    dist = importlib.metadata.distribution(name)
+    for top in {f.parts[0] for f in dist.files or []}:
+        source, target = Path(str(dist.locate_file(top))), site / top
+        if source.exists() and not target.exists():
+            target.symlink_to(source)
+    for requirement in dist.requires or []:
+        if "extra ==" not in requirement:
+            _link_distribution(re.split(r"[ ;<>=!~\[(]", requirement, maxsplit=1)[0], site,
+                               seen)
+
+
+RUNTIME_DEPENDENCIES = ("numpy", "apache-tvm-ffi")
+
+
+def runtime_venv(path: str | os.PathLike, wheel: str | os.PathLike, offline: bool = True
+                 ) -> tuple[Path, list[str]]:
+    """A fresh virtual environment at `path` with `wheel` installed: its python and the
+    distributions it holds besides pip. `offline`: the wheel's requirements are linked
+    from this environment's numpy and apache-tvm-ffi (with their own requirements)
+    instead of fetched, and pip may not reach an index."""
+    import subprocess
+    import sys
+
+    path = Path(path)
+    subprocess.run([sys.executable, "-m", "venv", str(path)], check=True)
+    python = path / "bin" / "python"
+    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig."
+                                "get_paths()['purelib'])"], check=True, capture_output=True,
+                               text=True).stdout.strip())
+    seen: set[str] = set()
+    if offline:
+        for name in RUNTIME_DEPENDENCIES:
+            _link_distribution(name, site, seen)
+    subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                    *(["--no-index"] if offline else []), str(wheel)], check=True)
+    return python, sorted(seen)
+
+
+VENV_RUN = """
+import importlib.util, json, statistics, sys, time
+t0 = time.perf_counter()
+import numpy as np
+name, inputs, outputs, repeat = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+found = [m for m in ("torch", "tecc", "tvm") if importlib.util.find_spec(m)]
+package = __import__(name)
+model = package.load()
+with np.load(inputs) as data:
+    arrays = [data[s.name] for s in model.input_specs]
+flat = model.run_flat(*arrays)
+first_s = time.perf_counter() - t0
+times = []
+for _ in range(repeat):
+    start = time.perf_counter()
+    model.run_flat(*arrays)
+    times.append(time.perf_counter() - start)
+np.savez(outputs, *flat)
+loaded = sorted({m.split(".")[0] for m in sys.modules} & {"torch", "tecc", "tvm"})
+print(json.dumps({"import_and_first_call_s": first_s, "median_ms":
+                  statistics.median(times) * 1e3 if times else None,
+                  "importable": found, "imported": loaded, "info": package.info()}))
+"""
+
+
+def run_in_venv(python: str | os.PathLike, name: str, inputs: str | os.PathLike,
+                outputs: str | os.PathLike, repeat: int = 20) -> dict:
+    """Import package `name` in the venv of `python` (from a neutral folder, without
+    PYTHONPATH), run it on the arrays of `inputs` (an .npz keyed by input name), time
+    the import with the first call and the median of `repeat` more calls, and save the
+    outputs to `outputs` (.npz, arr_0...). Returns those figures, which of torch, tecc
+    and tvm the venv could import (none, for a deployment), and the package's info()."""
+    import subprocess
+
+    environ = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    with tempfile.TemporaryDirectory() as neutral:
+        done = subprocess.run([str(python), "-c", VENV_RUN, name, str(inputs), str(outputs),
+                               str(repeat)], cwd=neutral, env=environ, capture_output=True,
+                              text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"package {name} failed in its venv:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])

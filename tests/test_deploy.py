@@ -6,13 +6,10 @@ package checks a wheel and `tecc.load` share (tampered archives, bad manifests) 
 
 from __future__ import annotations
 
-import importlib.metadata
 import io
 import json
 import os
 import re
-import subprocess
-import sys
 import tarfile
 import zipfile
 
@@ -23,27 +20,9 @@ from tecc.runtime import PackageError
 
 import tecc
 from tecc.cli import main
-from tecc.deploy import write_python_package
+from tecc.deploy import RUNTIME_DEPENDENCIES as ALLOWED
+from tecc.deploy import run_in_venv, runtime_venv, write_python_package
 from tests.models import MLP
-
-ALLOWED = ("numpy", "apache-tvm-ffi")
-
-
-def _link_distribution(name: str, site: str, seen: set[str]) -> None:
-    """Symlink an installed distribution and its requirements into `site` (offline: no
-    index, no copies)."""
-    key = name.lower().replace("_", "-")
-    if key in seen:
-        return
-    seen.add(key)
-    dist = importlib.metadata.distribution(name)
-    for top in {f.parts[0] for f in dist.files or []}:
-        source, target = str(dist.locate_file(top)), os.path.join(site, top)
-        if os.path.exists(source) and not os.path.exists(target):
-            os.symlink(source, target)
-    for requirement in dist.requires or []:
-        if "extra ==" not in requirement:
-            _link_distribution(re.split(r"[ ;<>=!~\[(]", requirement, maxsplit=1)[0], site, seen)
 
 
 @pytest.fixture(scope="module")
@@ -72,39 +51,17 @@ def test_wheel_installs_offline_and_runs_without_torch_or_tecc(mlp_package):
                 if line.startswith("Requires-Dist")]
     assert [re.split(r"[=<> ]", r)[0] for r in requires] == list(ALLOWED)
 
-    env = tmp / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(env)], check=True)
-    site = subprocess.run([str(env / "bin" / "python"), "-c",
-                           "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          check=True, capture_output=True, text=True).stdout.strip()
-    seen: set[str] = set()
-    for name in ALLOWED:
-        _link_distribution(name, site, seen)
-    assert seen <= {"numpy", "apache-tvm-ffi", "typing-extensions"}, seen
     # pip resolves the wheel's requirements from what the venv has: nothing fetched
-    subprocess.run([str(env / "bin" / "python"), "-m", "pip", "install", "-q", "--no-index",
-                    str(wheel)], check=True)
-    np.save(tmp / "x.npy", x)
-    script = """
-import importlib.util, json, sys
-import numpy as np
-assert [m for m in ("torch", "tecc", "tvm") if importlib.util.find_spec(m)] == []
-import mlp_deployed
-model = mlp_deployed.load()
-y = model(np.load(sys.argv[1]))
-np.save(sys.argv[2], y)
-print(json.dumps(mlp_deployed.info()))
-assert not [m for m in sys.modules if m.split(".")[0] in ("torch", "tecc", "tvm")]
-"""
-    environ = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
-    done = subprocess.run([str(env / "bin" / "python"), "-c", script, str(tmp / "x.npy"),
-                           str(tmp / "y.npy")], cwd=tmp, env=environ, capture_output=True,
-                          text=True)
-    assert done.returncode == 0, done.stderr
-    info = json.loads(done.stdout.strip().splitlines()[-1])
+    python, holds = runtime_venv(tmp / "venv", wheel, offline=True)
+    assert set(holds) <= {"numpy", "apache-tvm-ffi", "typing-extensions"}, holds
+    np.savez(tmp / "x.npz", x=x)
+    result = run_in_venv(python, "mlp_deployed", tmp / "x.npz", tmp / "y.npz", repeat=3)
+    assert result["importable"] == [] and result["imported"] == []
+    info = result["info"]
     assert info["target"]["kind"] == "llvm" and info["tecc"] == tecc.__version__
     assert [i["shape"] for i in info["inputs"]] == [[3, 64]]
-    np.testing.assert_allclose(np.load(tmp / "y.npy"), expected, rtol=1e-4, atol=1e-5)
+    with np.load(tmp / "y.npz") as y:
+        np.testing.assert_allclose(y["arr_0"], expected, rtol=1e-4, atol=1e-5)
 
 
 def test_tecc_export_writes_the_wheel_and_checks_its_arguments(mlp_package, tmp_path, capsys):

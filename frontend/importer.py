@@ -196,6 +196,40 @@ class ImportContext:
 
     # The walk ------------------------------------------------------------------
 
+    @staticmethod
+    def _check_static_and_typed(graph: torch.fx.Graph, specs: dict, state: dict) -> None:
+        """tecc's own errors, before the op check would list their symptoms as
+        unsupported ops: dynamic input dimensions, data-dependent shapes (a boolean
+        mask, nonzero), and bfloat16 tensors (numpy, the runtime's arrays, has none)."""
+        for node in graph.nodes:
+            val = node.meta.get("val")
+            if not isinstance(val, torch.Tensor):
+                continue
+            symbolic = [i for i, d in enumerate(val.shape) if not isinstance(d, int)]
+            if node.op == "placeholder" and specs[node.name].kind == InputKind.USER_INPUT:
+                if symbolic:
+                    raise ImportError_(
+                        f"input {node.name!r} has dynamic dimension(s) {symbolic} "
+                        f"({tuple(val.shape)}): tecc compiles static shapes. Export without "
+                        "dynamic_shapes (or with Dim constraints removed), and compile once "
+                        "per shape you serve")
+                if val.dtype == torch.bfloat16:
+                    raise ImportError_(
+                        f"input {node.name!r} is bfloat16, which tecc does not compute "
+                        "(numpy, the runtime's array type, has no bfloat16): cast the model "
+                        "and inputs to float32 or float16, e.g. model.float(), x.float()")
+            elif symbolic:
+                raise ImportError_(
+                    f"{source_location(node)}: {node.target} has a shape that depends on "
+                    f"the data ({tuple(val.shape)}), e.g. a boolean mask x[x > 0] or nonzero: "
+                    "tecc compiles static shapes. Keep the shape fixed, e.g. "
+                    "torch.where(mask, x, 0)")
+        for name, tensor in state.items():
+            if isinstance(tensor, torch.Tensor) and tensor.dtype == torch.bfloat16:
+                raise ImportError_(
+                    f"parameter {name!r} is bfloat16, which tecc does not compute: cast the "
+                    "model to float32 or float16 (model.float())")
+
     def run(self) -> ImportedModel:
         ep = self.exported
         sig = ep.graph_signature
@@ -206,6 +240,7 @@ class ImportContext:
         specs = {s.arg.name: s for s in sig.input_specs}
         graph = ep.graph_module.graph
 
+        self._check_static_and_typed(graph, specs, state)
         unsupported: dict[str, list[str]] = collections.defaultdict(list)
         for node in graph.nodes:
             if node.op == "call_function" and not self._convertible(node):

@@ -108,6 +108,22 @@ def _shape_of(spec: Any, where: str) -> tuple[int, ...]:
     return tuple(spec)
 
 
+def check_indices(plan: Mapping[str, Any], arrays: Mapping[str, Any]) -> None:
+    """IndexError, as torch raises it, for an input that indexes a table (plan
+    "index_checks": embedding, index_select) with a value outside [0, size); inputs
+    not in `arrays` (on a GPU) are not checked."""
+    for check in plan.get("index_checks", ()):
+        a = arrays.get(check["input"])
+        if a is None or not a.size:
+            continue
+        size = check["size"]
+        low, high = a.min(), a.max()
+        if low < 0 or high >= size:
+            bad = int(low) if low < 0 else int(high)
+            raise IndexError(f"input {check['input']!r}: index {bad} is out of range for a "
+                             f"table of {size} rows (valid: 0 to {size - 1})")
+
+
 class Executor:
     """Runs a plan: storages allocated once, params bound once, kernels called in order.
 
@@ -276,6 +292,7 @@ class Executor:
                     f"got {a.shape} {a.dtype}"
                 )
             arrays.append(a)
+        check_indices(self.plan, {s.name: a for s, a in zip(specs, arrays, strict=True)})
         return arrays
 
     def run_flat(self, *inputs: np.ndarray) -> list[np.ndarray]:
@@ -446,6 +463,8 @@ class CudaExecutor(Executor):
                   else self._stream)
         sources = [self._source(x, spec, i, torch)
                    for i, (spec, x) in enumerate(zip(specs, inputs, strict=True))]
+        check_indices(self.plan, {s.name: x for s, (x, _) in zip(specs, sources, strict=True)
+                                  if isinstance(x, np.ndarray)})
         in_place = on_gpu and all(
             isinstance(x, torch.Tensor) and x.is_cuda and ptr % ALIGNMENT == 0
             for x, ptr in sources)

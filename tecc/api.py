@@ -15,7 +15,7 @@ import tvm
 
 from tecc import __version__, runtime
 from tecc.autotune.records import RETARGET_BUDGET_S, RETARGET_K, load_records
-from tecc.build import BuildResult, build
+from tecc.build import BuildResult, build, index_checks
 from tecc.frontend.importer import ImportedModel, from_torch, load_pt2
 from tecc.frontend.ir import Call, Function, post_order
 from tecc.frontend.printer import astext
@@ -331,6 +331,9 @@ def compile(  # noqa: A001 - the natural name, as torch.compile
                    [s.name for s in imported.outputs], imported.output_structure,
                    imported.param_names, config_fn=tuning.config)
     timings["build_s"] = result.build_seconds
+    checks = index_checks(imported.func, [s.name for s in imported.inputs])
+    if checks:
+        result.plan["index_checks"] = checks
     compiled = CompiledModel(imported, partitioned, result, info, timings)
     compiled.passes = [name for name, _ in trace.ran]
     compiled.records_digest = tuning.digest

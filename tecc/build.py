@@ -226,5 +226,20 @@ def build(
                        time.perf_counter() - start)
 
 
+def index_checks(func: Function, input_names: list[str]) -> list[dict]:
+    """The model inputs that index a table directly (embedding, index_select: `take`
+    of an input), with the table's extent: the runtime checks their values before a
+    run, since torch raises IndexError where the kernel would clamp."""
+    names = {id(p): n for p, n in zip(func.params, input_names, strict=True)}
+    checks: dict[str, int] = {}
+    for node in post_order(func.body):
+        if isinstance(node, Call) and node.op == "take" and id(node.args[1]) in names:
+            data = node.args[0]
+            axis = int(node.attrs.get("axis", 0)) % len(data.shape)
+            name = names[id(node.args[1])]
+            checks[name] = min(checks.get(name, int(data.shape[axis])), int(data.shape[axis]))
+    return [{"input": n, "size": size} for n, size in checks.items()]
+
+
 def _nbytes(tensor: dict) -> int:
     return int(np.prod(tensor["shape"], dtype=np.int64)) * np.dtype(tensor["dtype"]).itemsize

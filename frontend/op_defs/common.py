@@ -182,3 +182,46 @@ def np_elemwise(fn: Callable[..., np.ndarray]) -> Evaluator:
     """The evaluator of an op applying `fn` to its operands (in their own dtype, as
     the kernel computes: float32 stays float32)."""
     return lambda args, attrs, ty: fn(*args)
+
+
+# -- eager's NaN semantics: torch's max/min-based ops keep NaN (relu(NaN) = NaN, a pool
+# window holding NaN gives NaN); LLVM's and CUDA's max/min return the other operand.
+
+def _is_float(x: tvm.tirx.PrimExpr) -> bool:
+    return is_float_dtype(x.ty.dtype)
+
+
+def _is_const(x: tvm.tirx.PrimExpr) -> bool:
+    return isinstance(x, tvm.tirx.IntImm | tvm.tirx.FloatImm)
+
+
+def _nan_wins(a: tvm.tirx.PrimExpr, b: tvm.tirx.PrimExpr, plain: tvm.tirx.PrimExpr
+              ) -> tvm.tirx.PrimExpr:
+    """`plain` (max or min of a and b), unless a or b is NaN: then that NaN."""
+    a, b = (x.asobject() if hasattr(x, "asobject") else x for x in (a, b))  # te slices
+    if not _is_float(a):
+        return plain
+    if not _is_const(b):
+        plain = tvm.tirx.Select(tvm.tirx.isnan(b), b, plain)
+    if not _is_const(a):
+        plain = tvm.tirx.Select(tvm.tirx.isnan(a), a, plain)
+    return plain
+
+
+def nan_max(a: tvm.tirx.PrimExpr, b: tvm.tirx.PrimExpr) -> tvm.tirx.PrimExpr:
+    """max(a, b) as torch computes it: NaN if either is NaN."""
+    return _nan_wins(a, b, tvm.tirx.max(a, b))
+
+
+def nan_min(a: tvm.tirx.PrimExpr, b: tvm.tirx.PrimExpr) -> tvm.tirx.PrimExpr:
+    """min(a, b) as torch computes it: NaN if either is NaN."""
+    return _nan_wins(a, b, tvm.tirx.min(a, b))
+
+
+# te.max / te.min over axes with torch's NaN semantics (amax, amin, max_pool2d). rfactor
+# does not know them (registering a Python combiner with TVM's reducer registry corrupts
+# the heap at interpreter exit): a reduce config that splits the reduction across
+# threads is refused for amax/amin, and the next one (or the generic schedule) is used.
+nan_max_reduce = te.comm_reducer(nan_max, lambda t: tvm.tirx.min_value(t), name="nan_max")
+nan_min_reduce = te.comm_reducer(nan_min, lambda t: tvm.tirx.max_value(t), name="nan_min")
+

@@ -20,6 +20,8 @@ from tecc.frontend.op_defs.common import (
     erf_of,
     exp_of,
     is_float_dtype,
+    nan_max,
+    nan_min,
     np_as_bool,
     np_elemwise,
     np_is_float,
@@ -90,11 +92,11 @@ def _silu(x: te.Tensor) -> te.Tensor:
 
 
 def _hardswish(x: tir.PrimExpr, d: str) -> tir.PrimExpr:
-    return x * tir.min(tir.max(x + _c(3, d), _c(0, d)), _c(6, d)) / _c(6, d)
+    return x * nan_min(nan_max(x + _c(3, d), _c(0, d)), _c(6, d)) / _c(6, d)
 
 
 def _hardsigmoid(x: tir.PrimExpr, d: str) -> tir.PrimExpr:
-    return tir.min(tir.max(x / _c(6, d) + _c(0.5, d), _c(0, d)), _c(1, d))
+    return nan_min(nan_max(x / _c(6, d) + _c(0.5, d), _c(0, d)), _c(1, d))
 
 
 # name, ATen name, TE compute, numpy evaluator
@@ -109,7 +111,7 @@ _UNARY: list[tuple[str, str | None, Callable, Callable]] = [
     ("sigmoid", "sigmoid", _on_tensor(lambda x: sigmoid_of(x, "sigmoid")), _sigmoid_np),
     ("tanh", "tanh", _on_tensor(tanh_of), np.tanh),
     ("erf", "erf", _on_tensor(erf_of), _erf_np),
-    ("relu", "relu", _per_element(lambda x, d: tir.max(x, _c(0, d)), "relu"),
+    ("relu", "relu", _per_element(lambda x, d: nan_max(x, _c(0, d)), "relu"),
      lambda x: np.maximum(x, x.dtype.type(0))),
     ("reciprocal", "reciprocal", _per_element(lambda x, d: _c(1.0, d) / x, "reciprocal"),
      lambda x: x.dtype.type(1) / x),
@@ -176,7 +178,7 @@ def _convert_gelu(ctx: ImportContext, node, args, kwargs):
 def _clip_compute(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
     d = out_tensor(out_type).dtype
     lo, hi = typed_const(attrs["a_min"], d), typed_const(attrs["a_max"], d)
-    return elemwise(args, out_type, lambda x: tir.min(tir.max(x, lo), hi), "clip")
+    return elemwise(args, out_type, lambda x: nan_min(nan_max(x, lo), hi), "clip")
 
 
 def _clip_evaluate(args, attrs, ty):
@@ -328,8 +330,8 @@ _ARITHMETIC: list[tuple[str, tuple[str, ...], Callable, Callable]] = [
     ("multiply", ("mul",), lambda a, b: a * b, np.multiply),
     ("divide", (), _divide, _divide_np),
     ("power", ("pow",), _power, _power_np),
-    ("maximum", ("maximum",), tir.max, np.maximum),
-    ("minimum", ("minimum",), tir.min, np.minimum),
+    ("maximum", ("maximum",), nan_max, np.maximum),
+    ("minimum", ("minimum",), nan_min, np.minimum),
     ("floor_divide", (), _floor_divide, _floor_divide_np),
 ]
 for _name, _atens, _fn, _np_fn in _ARITHMETIC:

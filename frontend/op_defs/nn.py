@@ -13,6 +13,7 @@ from tecc.frontend.op_defs.common import (
     ANCHOR_ATTR,
     arity,
     exp_of,
+    nan_max_reduce,
     out_tensor,
     pads4,
     te_shape,
@@ -514,7 +515,7 @@ def _max_pool2d_compute(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> 
     lowest = tvm.tirx.min_value(x.dtype)
     if pt or pl or eb or er:
         x = _spatial_pad(x, [pt, pl], [eb, er], "pool_pad", pad_value=lowest)
-    return _pool_window(x, out, (kh, kw), (sh, sw), (dh, dw), te.max, "max_pool2d")
+    return _pool_window(x, out, (kh, kw), (sh, sw), (dh, dw), nan_max_reduce, "max_pool2d")
 
 
 def _avg_pool2d_compute(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:

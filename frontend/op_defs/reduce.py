@@ -7,7 +7,15 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
-from tecc.frontend.op_defs.common import ANCHOR_ATTR, arity, bcast_index, out_tensor, te_shape
+from tecc.frontend.op_defs.common import (
+    ANCHOR_ATTR,
+    arity,
+    bcast_index,
+    nan_max_reduce,
+    nan_min_reduce,
+    out_tensor,
+    te_shape,
+)
 from tecc.frontend.ops import OPS, Converter, Pattern, reduce_axes
 from tecc.frontend.types import Attrs, TensorType, Type
 from tvm import te
@@ -115,9 +123,9 @@ _REDUCTIONS: list[tuple[str, Callable, Callable, tuple[str, ...], bool]] = [
     ("sum", _combine_compute("sum", te.sum), np.sum,
      ("aten.sum.dim_IntList", "aten.sum.default"), True),
     ("mean", _mean_compute, np.mean, ("aten.mean.dim", "aten.mean.default"), True),
-    ("max", _combine_compute("max", te.max), np.max, ("aten.amax.default", "aten.max.default"),
+    ("max", _combine_compute("max", nan_max_reduce), np.max, ("aten.amax.default", "aten.max.default"),
      True),
-    ("min", _combine_compute("min", te.min), np.min, ("aten.amin.default", "aten.min.default"),
+    ("min", _combine_compute("min", nan_min_reduce), np.min, ("aten.amin.default", "aten.min.default"),
      True),
     ("prod", _combine_compute("prod", _prod), np.prod,
      ("aten.prod.dim_int", "aten.prod.default"), False),

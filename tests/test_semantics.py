@@ -1,0 +1,134 @@
+"""Eager's semantics where tecc's kernels would differ: NaN goes through max/min-based
+ops as in torch, an input indexing a table out of range raises IndexError, and shapes
+or dtypes tecc does not compile (dynamic dimensions, data-dependent shapes, bfloat16)
+get tecc's own error naming what to do."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from tecc.frontend.importer import ImportError_
+
+import tecc
+
+NAN, INF = float("nan"), float("inf")
+
+
+class MaxMin(torch.nn.Module):
+    def forward(self, x, y):
+        return (torch.relu(x), F.relu6(x), torch.clamp(x, -0.5, 0.5), F.hardtanh(x),
+                torch.maximum(x, y), torch.minimum(x, y), x.amax(dim=1), x.amin(dim=1),
+                F.hardsigmoid(x), F.hardswish(x), torch.clamp(x, min=0.1))
+
+
+def _with_nan(shape, seed, spots):
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+    for index, value in spots:
+        x[index] = value
+    return x
+
+
+def test_nan_goes_through_max_and_min_as_in_eager():
+    x = _with_nan((4, 8), 0, [((0, 1), NAN), ((2, 3), INF), ((3, 0), -INF)])
+    y = _with_nan((4, 8), 1, [((1, 2), NAN), ((0, 1), 2.0)])
+    got = tecc.compile(MaxMin(), (x, y))(x, y)
+    expected = MaxMin()(x, y)
+    for i, (g, e) in enumerate(zip(got, expected, strict=True)):
+        assert torch.isnan(e).any(), i  # every output has a NaN to keep
+        torch.testing.assert_close(g, e, equal_nan=True, msg=f"output {i}")
+
+
+class Pool(torch.nn.Module):
+    def forward(self, x):
+        return F.max_pool2d(x, 2), F.max_pool2d(x, 3, stride=2, padding=1)
+
+
+def test_a_pool_window_holding_nan_gives_nan():
+    x = torch.randn(1, 16, 8, 8, generator=torch.Generator().manual_seed(2))
+    x[0, 0, 0, :4] = torch.tensor([NAN, 1.0, 0.5, INF])
+    x[0, 5, 3, 3] = NAN
+    got = tecc.compile(Pool(), (x,))(x)
+    for g, e in zip(got, Pool()(x), strict=True):
+        assert torch.isnan(e).sum() >= 2
+        torch.testing.assert_close(g, e, equal_nan=True)
+
+
+class Lookup(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.table = torch.nn.Embedding(10, 4)
+
+    def forward(self, ids, rows):
+        return self.table(ids), torch.index_select(self.table.weight, 0, rows)
+
+
+@pytest.mark.parametrize("bad", [10, -11, -1, 2**40])
+def test_an_index_out_of_range_raises_index_error(bad):
+    ids = torch.tensor([[1, 2, 9]])
+    rows = torch.tensor([0, 3])
+    model = Lookup().eval()
+    compiled = tecc.compile(model, (ids, rows))
+    torch.testing.assert_close(compiled(ids, rows), model(ids, rows))
+    wrong = ids.clone()
+    wrong[0, 1] = bad
+    with pytest.raises(IndexError):
+        model(wrong, rows)  # torch raises too
+    with pytest.raises(IndexError, match=rf"input 'ids': index {bad} is out of range for a "
+                                         r"table of 10 rows"):
+        compiled(wrong, rows)
+    with pytest.raises(IndexError, match="input 'rows'"):
+        compiled(ids, torch.tensor([0, bad]))
+    # numpy callers and packages check the same
+    with pytest.raises(IndexError):
+        compiled(wrong.numpy(), rows.numpy())
+
+
+def test_bfloat16_gets_teccs_own_error():
+    class Double(torch.nn.Module):
+        def forward(self, x):
+            return x * 2
+
+    with pytest.raises(ImportError_, match=r"input 'x' is bfloat16.*float32 or float16"):
+        tecc.compile(Double(), (torch.randn(2, 3).to(torch.bfloat16),))
+    with pytest.raises(ImportError_, match=r"parameter '.*' is bfloat16"):
+        tecc.compile(torch.nn.Linear(3, 2).to(torch.bfloat16), (torch.randn(2, 3),))
+
+
+def test_float16_runs_as_in_eager():
+    model = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.ReLU()).half()
+    x = torch.randn(4, 16).half()
+    got = tecc.compile(model, (x,))(x)
+    torch.testing.assert_close(got, model(x), rtol=2e-3, atol=2e-3)
+
+
+def test_a_dynamic_dimension_is_named(tmp_path):
+    model = torch.nn.Linear(8, 4)
+    batch = torch.export.Dim("batch", min=2, max=64)
+    exported = torch.export.export(model, (torch.randn(4, 8),), dynamic_shapes=({0: batch},))
+    torch.export.save(exported, tmp_path / "dyn.pt2")
+    with pytest.raises(ImportError_, match=r"input '.*' has dynamic dimension\(s\) \[0\].*"
+                                           r"static shapes"):
+        tecc.compile(str(tmp_path / "dyn.pt2"))
+
+
+def test_a_boolean_mask_is_named():
+    class Mask(torch.nn.Module):
+        def forward(self, x):
+            return x[x > 0]
+
+    with pytest.raises(ImportError_, match=r"depends on the data.*boolean mask.*torch.where"):
+        tecc.compile(Mask(), (torch.randn(4, 5),))
+
+
+def test_nan_semantics_keep_integer_max_plain():
+    class IntMax(torch.nn.Module):
+        def forward(self, a, b):
+            return torch.maximum(a, b), torch.clamp(a, 0, 3)
+
+    a = torch.tensor([[-3, 5, 2]], dtype=torch.int32)
+    b = torch.tensor([[1, -7, 2]], dtype=torch.int32)
+    got = tecc.compile(IntMax(), (a, b))(a, b)
+    for g, e in zip(got, IntMax()(a, b), strict=True):
+        assert np.array_equal(g.numpy(), e.numpy())

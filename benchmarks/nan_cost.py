@@ -34,13 +34,16 @@ RECORDS = Path(__file__).resolve().parents[1] / "tuning_logs"
 @contextlib.contextmanager
 def plain_max_min() -> Iterator[None]:
     """Computes built inside use TVM's max and min (NaN-dropping)."""
-    saved = (elementwise.nan_max, elementwise.nan_min, nn_ops.nan_max_reduce)
+    saved = (elementwise.nan_max, elementwise.nan_min, elementwise.nan_clamp,
+             nn_ops.nan_max_reduce)
     elementwise.nan_max, elementwise.nan_min = tirx.max, tirx.min
+    elementwise.nan_clamp = lambda x, lo, hi: tirx.min(tirx.max(x, lo), hi)
     nn_ops.nan_max_reduce = te.max
     try:
         yield
     finally:
-        elementwise.nan_max, elementwise.nan_min, nn_ops.nan_max_reduce = saved
+        (elementwise.nan_max, elementwise.nan_min, elementwise.nan_clamp,
+         nn_ops.nan_max_reduce) = saved
 
 
 def main() -> None:

@@ -218,6 +218,15 @@ def nan_min(a: tvm.tirx.PrimExpr, b: tvm.tirx.PrimExpr) -> tvm.tirx.PrimExpr:
     return _nan_wins(a, b, tvm.tirx.min(a, b))
 
 
+def nan_clamp(x: tvm.tirx.PrimExpr, low: tvm.tirx.PrimExpr, high: tvm.tirx.PrimExpr
+              ) -> tvm.tirx.PrimExpr:
+    """min(max(x, low), high) as torch computes it, for constant bounds: NaN stays NaN
+    (one test of x, not one per bound)."""
+    x = x.asobject() if hasattr(x, "asobject") else x
+    plain = tvm.tirx.min(tvm.tirx.max(x, low), high)
+    return tvm.tirx.Select(tvm.tirx.isnan(x), x, plain) if _is_float(x) else plain
+
+
 # te.max / te.min over axes with torch's NaN semantics (amax, amin, max_pool2d). rfactor
 # does not know them (registering a Python combiner with TVM's reducer registry corrupts
 # the heap at interpreter exit): a reduce config that splits the reduction across

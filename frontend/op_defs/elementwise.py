@@ -20,6 +20,7 @@ from tecc.frontend.op_defs.common import (
     erf_of,
     exp_of,
     is_float_dtype,
+    nan_clamp,
     nan_max,
     nan_min,
     np_as_bool,
@@ -92,11 +93,11 @@ def _silu(x: te.Tensor) -> te.Tensor:
 
 
 def _hardswish(x: tir.PrimExpr, d: str) -> tir.PrimExpr:
-    return x * nan_min(nan_max(x + _c(3, d), _c(0, d)), _c(6, d)) / _c(6, d)
+    return x * nan_clamp(x + _c(3, d), _c(0, d), _c(6, d)) / _c(6, d)
 
 
 def _hardsigmoid(x: tir.PrimExpr, d: str) -> tir.PrimExpr:
-    return nan_min(nan_max(x / _c(6, d) + _c(0.5, d), _c(0, d)), _c(1, d))
+    return nan_clamp(x / _c(6, d) + _c(0.5, d), _c(0, d), _c(1, d))
 
 
 # name, ATen name, TE compute, numpy evaluator
@@ -178,7 +179,7 @@ def _convert_gelu(ctx: ImportContext, node, args, kwargs):
 def _clip_compute(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
     d = out_tensor(out_type).dtype
     lo, hi = typed_const(attrs["a_min"], d), typed_const(attrs["a_max"], d)
-    return elemwise(args, out_type, lambda x: nan_min(nan_max(x, lo), hi), "clip")
+    return elemwise(args, out_type, lambda x: nan_clamp(x, lo, hi), "clip")
 
 
 def _clip_evaluate(args, attrs, ty):

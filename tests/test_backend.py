@@ -1,0 +1,108 @@
+"""tecc as a torch.compile backend: registered by name, each Dynamo graph compiled by
+tecc with its weights frozen in, graph breaks and new shapes handled by Dynamo, and a
+graph tecc cannot compile run in torch with a warning; results match eager."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import tecc.backend
+from tests.models import MLP, resnet18
+
+
+def _spy(monkeypatch) -> list[str]:
+    """What the backend returned for each graph: "tecc" or "torch"."""
+    seen: list[str] = []
+    original = tecc.backend.tecc_backend
+
+    def spy(gm, example_inputs, options=None):
+        result = original(gm, example_inputs, options)
+        seen.append("tecc" if hasattr(result, "compiled") else "torch")
+        return result
+
+    monkeypatch.setattr(tecc.backend, "tecc_backend", spy)
+    return seen
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def test_the_backend_is_registered_by_name():
+    assert "tecc" in torch._dynamo.list_backends()
+    model = MLP().eval()
+    x = torch.randn(2, 64, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        got = torch.compile(model, backend="tecc")(x)
+        torch.testing.assert_close(got, model(x), rtol=1e-4, atol=1e-5)
+
+
+def test_graphs_compile_with_tecc_and_match_eager_across_shapes(monkeypatch):
+    seen = _spy(monkeypatch)
+    model = resnet18(num_classes=10).eval()
+    compiled = torch.compile(model, backend=tecc.backend.tecc_backend,
+                             options={"target": "llvm"})
+    gen = torch.Generator().manual_seed(1)
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        # the second batch size makes Dynamo's graph dynamic: tecc builds it per size
+        for batch in (1, 2, 2, 1):
+            x = torch.randn(batch, 3, 64, 64, generator=gen)
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+    assert seen and set(seen) == {"tecc"}
+    assert not [w for w in caught if "runs in torch" in str(w.message)]
+
+
+class Breaks(torch.nn.Module):
+    """Two graphs: a data-dependent branch breaks the first."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(16, 16)
+        self.b = torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        y = torch.relu(self.a(x))
+        if y.sum().item() > 0:  # a graph break
+            y = y * 2
+        return self.b(y)
+
+
+def test_graph_breaks_give_several_tecc_graphs(monkeypatch):
+    seen = _spy(monkeypatch)
+    model = Breaks().eval()
+    x = torch.randn(3, 16, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        got = torch.compile(model, backend=tecc.backend.tecc_backend)(x)
+        torch.testing.assert_close(got, model(x), rtol=1e-4, atol=1e-5)
+    assert seen.count("tecc") >= 2
+
+
+class Sorted(torch.nn.Module):
+    def forward(self, x):
+        return torch.sort(torch.relu(x), dim=1).values * 2
+
+
+def test_a_graph_tecc_cannot_compile_runs_in_torch(monkeypatch):
+    seen = _spy(monkeypatch)
+    x = torch.randn(4, 6, generator=torch.Generator().manual_seed(3))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with torch.no_grad():
+            got = torch.compile(Sorted(), backend=tecc.backend.tecc_backend)(x)
+    torch.testing.assert_close(got, Sorted()(x))
+    assert seen == ["torch"]
+    assert any("runs in torch" in str(w.message) and "aten.sort" in str(w.message)
+               for w in caught), [str(w.message) for w in caught]
+
+
+def test_unknown_options_are_refused():
+    with pytest.raises(Exception, match="unknown option"):
+        with torch.no_grad():
+            torch.compile(MLP().eval(), backend="tecc", options={"tile": 4})(torch.randn(1, 64))

@@ -521,17 +521,18 @@ def foreign_candidates(task: Any, records: Sequence[Record]) -> tuple[list[Confi
 
 def scaled_to_lanes(config: dict[str, Any], task: Any, ratio: float) -> dict[str, Any]:
     """`config` (JSON) with the template's lane knobs (Template.lane_knobs) scaled by
-    `ratio`, the local vector width over the measuring machine's, where the scaled
-    value is one of the knob's options here; other values are kept."""
+    `ratio`, the local vector width over the measuring machine's: to the knob's option
+    here nearest the scaled value (a packing block of 1000 features: 8 for 8 lanes,
+    none of 16, 32 or 64 for 16 lanes; 25 is an option then); other values are kept."""
     if ratio == 1:
         return config
     options = {k.name: k.options for k in task.space.knobs}
     scaled = dict(config)
     for knob in task.template_obj.lane_knobs:
         value = config.get(knob)
-        if isinstance(value, int) and not isinstance(value, bool) and \
-                float(value * ratio).is_integer() and int(value * ratio) in options.get(knob, ()):
-            scaled[knob] = int(value * ratio)
+        numeric = [o for o in options.get(knob, ()) if isinstance(o, int)]
+        if isinstance(value, int) and not isinstance(value, bool) and numeric:
+            scaled[knob] = min(numeric, key=lambda o: (abs(o - value * ratio), o))
     return scaled
 
 

@@ -316,3 +316,23 @@ def test_a_retargeted_model_keeps_its_blocks_between_layers(foreign_chain, tmp_p
     assert _block_changes(tuned) == 0
     np.testing.assert_allclose(tuned(*inputs).numpy(), model(*inputs).detach().numpy(),
                                rtol=1e-4, atol=1e-4)
+
+
+def test_a_lane_knob_without_its_scaled_value_here_takes_the_nearest_option():
+    """A packing block of 1000 features: 8 on AVX2; no multiple of AVX-512's 16
+    lanes divides 1000, so the candidate takes the option nearest 16 (25)."""
+    from tecc.autotune.records import Record
+    from tecc.autotune.tune import foreign_candidates
+
+    model = torch.nn.Linear(64, 1000).eval()
+    inputs = (torch.randn(1, 64),)
+    _, fused, _, _, info = fused_graph(model, inputs, "llvm:skylake-avx512", 3, None, None, {})
+    dense = next(t for t in extract_tasks(fused, info.tvm_target)
+                 if "tile_n" in t.template_obj.lane_knobs)
+    options = next(k.options for k in dense.space.knobs if k.name == "tile_n")
+    assert 8 not in options and 16 not in options and 25 in options
+    avx2 = {"kind": "llvm", "mcpu": "core-avx2", "num-cores": info.cores}
+    measured = dict(dense.fallback_config().to_json(), tile_n=8)
+    record = Record(target=avx2, workload=dense.workload, config=measured, costs_s=[1e-3])
+    candidates, _ = foreign_candidates(dense, [record])
+    assert [c.to_json() for c in candidates] == [dict(measured, tile_n=25)]

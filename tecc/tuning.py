@@ -229,13 +229,15 @@ class TuningContext:
 
 
 class LayoutChainPlan(TuningContext):
-    """The layout pass under these records as compile runs it, and the configs that
-    would spare its layout transforms between convs: where a conv's chosen config
-    reads another block than its producer writes, that config with its input block
-    (ic_bn, a depthwise conv's c_bn) set to the producer's, if a point of its space.
-    The pass goes on as if that variant were chosen (compile prefers a measured config
-    that reads the producer's block), so the variants chain through depthwise convs,
-    whose block is their output's too. `variants`: workload key -> config JSONs."""
+    """The layout pass under these records as compile runs it, and the configs it
+    lacks: compile gives a conv the best measured config that reads its producer's
+    block, so where the best config of all reads another block, that config with its
+    input block (ic_bn, a depthwise conv's c_bn) set to the producer's, if a point of
+    its space and not measured yet, is named (a retarget run measures few configs: the
+    only one reading the producer's block may be the fallback, and a transform before
+    the best one costs as much as a kernel). The pass goes on as if that variant were
+    chosen, so the variants chain through the layers (a depthwise conv's block is its
+    output's too). `variants`: workload key -> config JSONs."""
 
     def __init__(self, records: RecordsArg, target: TargetInfo | tvm.target.Target | str,
                  winograd: bool = True) -> None:
@@ -246,14 +248,15 @@ class LayoutChainPlan(TuningContext):
                     tile: int = 0) -> tuple[int, int] | None:
         wl, choice = self.conv_choice(call, producer_block, tile)
         key = self._reads_key(wl)
-        if (producer_block is not None and choice.config is not None
-                and choice.config.get(key) != producer_block):
-            variant = dict(choice.config, **{key: producer_block})
-            if self._fits(wl)(variant):
+        best = self.choose(wl) if producer_block is not None else Choice(None, "fallback")
+        if best.config is not None and best.config.get(key) != producer_block:
+            variant = dict(best.config, **{key: producer_block})
+            if self._fits(wl)(variant) and \
+                    self.choose_where(wl, lambda c: c == variant) is None:
                 wanted = self.variants.setdefault(workload_key(wl), [])
                 if variant not in wanted:
                     wanted.append(variant)
-                choice = Choice(variant, choice.source, choice.cost_s)
+                choice = Choice(variant, best.source, best.cost_s)
         return self._use(wl, choice)
 
 

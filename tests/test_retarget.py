@@ -209,14 +209,21 @@ def _conv_and_depthwise(info, model, inputs):
     return tasks["conv2d_NCHWc"], tasks["depthwise_conv2d_NCHWc"]
 
 
+def _write_retarget_record(path, info, task, config, cost):
+    """One record of a retarget session on this target appended to `path`."""
+    from tecc.autotune.records import Record, RecordWriter
+
+    with RecordWriter(path) as writer:
+        writer.write(Record(info.to_json(), task.workload, config, [cost], timestamp=1.0,
+                            verify=RETARGET_SESSION + "test"))
+
+
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_the_layout_chain_plan_asks_for_the_configs_that_spare_block_changes(tmp_path):
     """A retarget session where the conv's best config writes another block than any
     measured depthwise config reads: compile changes the block between the two; the
     plan asks for the depthwise config with the conv's block, and once it is
     measured compile uses it, with no transform between the layers."""
-    from tecc.autotune.records import Record, RecordWriter
-
     from tecc.tuning import layout_chain_variants
 
     model, inputs = conv_depthwise_example()
@@ -228,12 +235,9 @@ def test_the_layout_chain_plan_asks_for_the_configs_that_spare_block_changes(tmp
     conv_best = dict(conv.fallback_config().to_json(), oc_bn=written)
     dw_best = dict(depthwise.fallback_config().to_json(), c_bn=read)
     path = tmp_path / "local.jsonl"
-    session = RETARGET_SESSION + "test"
 
     def write(task, config, cost):
-        with RecordWriter(path) as writer:
-            writer.write(Record(info.to_json(), task.workload, config, [cost], timestamp=1.0,
-                                verify=session))
+        _write_retarget_record(path, info, task, config, cost)
 
     write(conv, conv_best, 1e-5)
     write(conv, conv.fallback_config().to_json(), 2e-5)
@@ -336,3 +340,25 @@ def test_a_lane_knob_without_its_scaled_value_here_takes_the_nearest_option():
     record = Record(target=avx2, workload=dense.workload, config=measured, costs_s=[1e-3])
     candidates, _ = foreign_candidates(dense, [record])
     assert [c.to_json() for c in candidates] == [dict(measured, tile_n=25)]
+
+
+def test_the_layout_chain_plan_asks_for_the_best_config_with_the_producers_block(tmp_path):
+    """The only measured depthwise config reading the conv's block is a slow one: the
+    plan asks for the fastest one with the conv's block."""
+    from tecc.tuning import layout_chain_variants
+
+    model, inputs = conv_depthwise_example()
+    info = target_info("llvm")
+    conv, depthwise = _conv_and_depthwise(info, model, inputs)
+    blocks = [k for k in conv.space.knobs if k.name == "oc_bn"][0].options
+    written, read = max(blocks), min(blocks)
+    path = tmp_path / "local.jsonl"
+    _write_retarget_record(path, info, conv,
+                           dict(conv.fallback_config().to_json(), oc_bn=written), 1e-5)
+    fallback = depthwise.fallback_config().to_json()
+    dw_best = dict(fallback, c_bn=read, tile_ow=2)
+    slow = dict(fallback, c_bn=written, tile_ow=1)
+    _write_retarget_record(path, info, depthwise, dw_best, 1e-5)
+    _write_retarget_record(path, info, depthwise, slow, 9e-5)
+    variants = layout_chain_variants(import_model(model, inputs).func, info, path)
+    assert variants == {workload_key(depthwise.workload): [dict(dw_best, c_bn=written)]}

@@ -14,10 +14,10 @@ into local ones):
   - config(workload, space) for schedules.lower: the tuned config JSON and its source
     ("exact", "compatible", "retargeted").
 A retarget run (autotune.tune.retarget_tasks) measures few configs per workload, so
-a conv's chosen config may read another block than its producer's writes, where a
-full tuning has some that do: LayoutChainPlan runs the layout pass as compile would
-and names the configs that would chain the layers without a layout_transform, for
-the run to measure too.
+a conv may have no measured config that reads its producer's block, or only a slow
+one, where a full tuning has fast ones: LayoutChainPlan runs the layout pass as
+compile would and names the fastest configs with their producers' blocks (chaining
+the layers without a layout_transform), for the run to measure too.
 The config space check, for every template, is here (`_fits`): a record whose config
 is not a point of its template's config space (a knob value not among the knob's
 options, as JSON types them: ConfigSpace.from_json) is never chosen; the next-best

@@ -459,12 +459,17 @@ class RetargetState:
     foreign_cost_s: float  # the best foreign config's cost on its own machine
     measured: int = 0  # foreign candidates built and measured here
     costs: dict[int, list[float]] = field(default_factory=dict)  # config index -> costs
+    # measured configs of the layout chain's (retarget_tasks' layout_variants)
+    variants: list[Config] = field(default_factory=list)
 
     @property
     def configs(self) -> list[Config]:
-        """What is measured here: the first `measured` candidates and the fallback."""
+        """What is measured here: the first `measured` candidates, the fallback and
+        the layout chain's variants."""
         picked = {c.index: c for c in self.candidates[:self.measured]}
         picked.setdefault(self.fallback.index, self.fallback)
+        for c in self.variants:
+            picked.setdefault(c.index, c)
         return list(picked.values())
 
     def median_s(self, config: Config) -> float:
@@ -526,17 +531,18 @@ def foreign_candidates(task: Any, records: Sequence[Record]) -> tuple[list[Confi
 
 def scaled_to_lanes(config: dict[str, Any], task: Any, ratio: float) -> dict[str, Any]:
     """`config` (JSON) with the template's lane knobs (Template.lane_knobs) scaled by
-    `ratio`, the local vector width over the measuring machine's, where the scaled
-    value is one of the knob's options here; other values are kept."""
+    `ratio`, the local vector width over the measuring machine's: to the knob's option
+    here nearest the scaled value (a packing block of 1000 features: 8 for 8 lanes,
+    none of 16, 32 or 64 for 16 lanes; 25 is an option then); other values are kept."""
     if ratio == 1:
         return config
     options = {k.name: k.options for k in task.space.knobs}
     scaled = dict(config)
     for knob in task.template_obj.lane_knobs:
         value = config.get(knob)
-        if isinstance(value, int) and not isinstance(value, bool) and \
-                float(value * ratio).is_integer() and int(value * ratio) in options.get(knob, ()):
-            scaled[knob] = int(value * ratio)
+        numeric = [o for o in options.get(knob, ()) if isinstance(o, int)]
+        if isinstance(value, int) and not isinstance(value, bool) and numeric:
+            scaled[knob] = min(numeric, key=lambda o: (abs(o - value * ratio), o))
     return scaled
 
 
@@ -553,6 +559,7 @@ def retarget_tasks(
     tecc_version: str = "",
     tvm_version: str = "",
     runner_options: dict[str, Any] | None = None,
+    layout_variants: Callable[[], dict[str, list[dict[str, Any]]]] | None = None,
 ) -> list[RetargetState]:
     """A quick local tuning from `foreign` records (another machine's): per task, its
     best foreign configs that are valid here (up to `k`) and its fallback, built in
@@ -561,7 +568,13 @@ def retarget_tasks(
     run: every task with candidates gets its best one; more go to the tasks with the
     largest share of the model's estimated time (weight x foreign cost), while the
     measured build and estimated run times fit. Tasks without foreign records of
-    their workload get none (their fallback stays). Returns the retargeted tasks."""
+    their workload get none (their fallback stays). `layout_variants()`, given, says
+    from the records written so far which configs (workload key -> config JSONs) the
+    model's layout needs besides, to run without transforms between its layers (the
+    tuner measures kernels alone, and a block change between two of them costs as
+    much as a kernel): the time of one more candidate per task is kept for them, and
+    they are measured in the same session until it asks for none new or the time is
+    spent. Returns the retargeted tasks."""
     deadline = time.perf_counter() + time_budget_s
     states = []
     for task, weight in zip(tasks, weights, strict=True):
@@ -590,7 +603,8 @@ def retarget_tasks(
             build(first)
             per_build_s = (time.perf_counter() - build_started) / len(first)
             extra = _allot(states, k, per_build_s, rounds, options,
-                           deadline - time.perf_counter())
+                           deadline - time.perf_counter(),
+                           reserved=1 if layout_variants is not None else 0)
             more = [(s, c) for s in states for c in s.candidates[1:1 + extra.get(id(s), 0)]]
             if progress:
                 print(f"built {len(first)} configs (each task's best foreign one and its "
@@ -599,10 +613,6 @@ def retarget_tasks(
             build(more)
             for s in states:
                 s.measured += extra.get(id(s), 0)
-            groups = []
-            for s in states:
-                inputs = [MeasureInput(s.task, c) for c in s.configs]
-                groups.append((inputs, [built[(id(s), inp.config.index)] for inp in inputs]))
             by_task = {workload_key(s.task.workload): s for s in states}
 
             def measured(inp: MeasureInput, result: Any) -> None:
@@ -610,23 +620,60 @@ def retarget_tasks(
                 by_task[workload_key(inp.task.workload)].costs.setdefault(inp.config.index, []).append(
                     result.cost)
 
-            bar = tqdm(total=rounds, disable=not progress, unit="round",
-                       desc=f"measuring {sum(len(g[0]) for g in groups)} configs",
-                       dynamic_ncols=True)
-            measure_in_rounds(runner, groups, rounds, measured, deadline,
-                              on_round=lambda: bar.update(1))
-            bar.close()
+            def measure(wanted: list[tuple[RetargetState, Config]], what: str) -> None:
+                groups = []
+                for s in states:
+                    inputs = [MeasureInput(s.task, c) for t, c in wanted if t is s]
+                    if inputs:
+                        groups.append((inputs, [built[(id(s), inp.config.index)]
+                                                for inp in inputs]))
+                bar = tqdm(total=rounds, disable=not progress, unit="round",
+                           desc=f"measuring {len(wanted)} {what}", dynamic_ncols=True)
+                measure_in_rounds(runner, groups, rounds, measured, deadline,
+                                  on_round=lambda: bar.update(1))
+                bar.close()
+
+            measure([(s, c) for s in states for c in s.configs], "configs")
+            while layout_variants is not None and time.perf_counter() < deadline:
+                wanted = _new_variants(by_task, layout_variants(), built)
+                if not wanted:
+                    break
+                build(wanted)
+                for s, c in wanted:
+                    s.variants.append(c)
+                measure(wanted, "configs of the layout chain")
         finally:
             remove_built(list(built.values()))
     return states
 
 
+def _new_variants(by_task: dict[str, RetargetState], wanted: dict[str, list[dict[str, Any]]],
+                  built: dict[tuple[int, int], Any]) -> list[tuple[RetargetState, Config]]:
+    """The configs of `wanted` (workload key -> config JSONs) of the retargeted tasks
+    that are points of their spaces and not built yet."""
+    new: list[tuple[RetargetState, Config]] = []
+    for key, configs in wanted.items():
+        state = by_task.get(key)
+        if state is None:
+            continue
+        for values in configs:
+            try:
+                config = state.task.space.from_json(values)
+            except (KeyError, ValueError):
+                continue
+            if (id(state), config.index) not in built and \
+                    all(c.index != config.index for t, c in new if t is state):
+                new.append((state, config))
+    return new
+
+
 def _allot(states: Sequence[RetargetState], k: int, per_build_s: float, rounds: int,
-           options: dict[str, Any], left_s: float) -> dict[int, int]:
-    """Further candidates per task (by id) beyond the first, within `left_s` seconds:
-    each next one goes to the task with the largest estimated time per candidate it
-    has (weight x foreign cost / candidates), as seats by D'Hondt's rule, while its
-    build (`per_build_s`, measured) and its runs fit."""
+           options: dict[str, Any], left_s: float, reserved: int = 0) -> dict[int, int]:
+    """Further candidates per task (by id) beyond the first, within `left_s` seconds
+    less the time of `reserved` more a task (for a later phase): each next one goes
+    to the task with the largest estimated time per candidate it has (weight x
+    foreign cost / candidates), as seats by D'Hondt's rule, while its build
+    (`per_build_s`, measured) and its runs fit."""
     def run_s(state: RetargetState) -> float:
         # time_evaluator: `repeat` timings of at least min_repeat_ms, after a checked
         # call and an untimed one; loading the library and checking the outputs took
@@ -635,7 +682,8 @@ def _allot(states: Sequence[RetargetState], k: int, per_build_s: float, rounds: 
         timing = max(options["min_repeat_ms"] / 1e3, options["number"] * cost)
         return options["repeat"] * timing + 2 * cost + RUN_OVERHEAD_S
 
-    left_s -= sum(rounds * run_s(s) * len(s.configs) for s in states)
+    left_s -= sum(rounds * run_s(s) * (len(s.configs) + reserved) + reserved * per_build_s
+                  for s in states)
     extra = {id(s): 0 for s in states}
     while True:
         open_ = [s for s in states if 1 + extra[id(s)] < min(k, len(s.candidates))]

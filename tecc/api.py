@@ -24,7 +24,13 @@ from tecc.graph_opt.pass_manager import PassContext, PassTrace, run_passes
 from tecc.graph_opt.pipeline import compile_pipeline
 from tecc.summary import CompileSummary, summarize
 from tecc.target import TargetInfo, target_info
-from tecc.tuning import RecordsArg, TuningContext, task_table, warn_untuned
+from tecc.tuning import (
+    RecordsArg,
+    TuningContext,
+    layout_chain_variants,
+    task_table,
+    warn_untuned,
+)
 
 
 class CompiledModel:
@@ -258,8 +264,10 @@ def retarget(
     measured for another vector width or core count; the `records` file counts too)
     that are valid here, and the kernel's fallback, are measured here in `rounds`
     interleaved rounds and appended to `records` as one retarget session, within
-    about `time_budget` seconds (the largest kernels get the most configs).
-    `tecc.compile(..., records=records)` then reports those workloads "retargeted";
+    about `time_budget` seconds (the largest kernels get the most configs); on a CPU,
+    then the variants of the configs compile would choose whose input blocks are what
+    their producers write (no layout_transform between layers; tecc.tuning.
+    LayoutChainPlan). `tecc.compile(..., records=records)` then reports those workloads "retargeted";
     `tecc.tune(..., records=records)` continues from them. Returns the per-task
     retarget states (configs measured, fallback and best times here)."""
     from tecc.autotune.tune import retarget_tasks
@@ -274,15 +282,21 @@ def retarget(
         raise ValueError("retarget needs tuning records of another machine: pass them as "
                          "`foreign` (files or folders, e.g. tuning_logs/)")
     timings: dict[str, float] = {}
-    _, partitioned, _, _, info = fused_graph(model, example_inputs, target, 3, None, None,
-                                             timings, winograd)
+    imported, partitioned, _, _, info = fused_graph(model, example_inputs, target, 3, None,
+                                                    None, timings, winograd)
     tasks = extract_tasks(partitioned, info.tvm_target)
     weights = task_weights(partitioned, info.tvm_target, tasks)
+
+    def layout_variants() -> dict[str, list[dict[str, Any]]]:
+        # from the layout compile would choose by the records written so far
+        return layout_chain_variants(imported.func, info, records, winograd)
+
     left = time_budget - (time.perf_counter() - started)
     states = retarget_tasks(tasks, weights, foreign_records, records, k=k,
                             time_budget_s=left, rounds=rounds, timeout_s=timeout,
                             progress=progress, tecc_version=__version__,
-                            tvm_version=tvm.__version__)
+                            tvm_version=tvm.__version__,
+                            layout_variants=layout_variants if info.is_cpu else None)
     if progress:
         print(f"retargeted {len(states)} of {len(tasks)} tasks in "
               f"{time.perf_counter() - started:.0f} s into {records}")

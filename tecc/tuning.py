@@ -13,6 +13,11 @@ into local ones):
     block (tile_n) of the tuned config, else the dense template's fallback;
   - config(workload, space) for schedules.lower: the tuned config JSON and its source
     ("exact", "compatible", "retargeted").
+A retarget run (autotune.tune.retarget_tasks) measures few configs per workload, so
+a conv may have no measured config that reads its producer's block, or only a slow
+one, where a full tuning has fast ones: LayoutChainPlan runs the layout pass as
+compile would and names the fastest configs with their producers' blocks (chaining
+the layers without a layout_transform), for the run to measure too.
 The config space check, for every template, is here (`_fits`): a record whose config
 is not a point of its template's config space (a knob value not among the knob's
 options, as JSON types them: ConfigSpace.from_json) is never chosen; the next-best
@@ -42,9 +47,10 @@ from tecc.autotune.records import (
     workload_key,
 )
 from tecc.canonical import canonical_json
-from tecc.frontend.ir import Call
+from tecc.frontend.ir import Call, Function
 from tecc.graph_opt.layout import WINOGRAD_DEFAULT_TILE, default_winograd_tile, winograd_eligible
-from tecc.graph_opt.pass_manager import TuningCallbacks
+from tecc.graph_opt.pass_manager import PassContext, TuningCallbacks
+from tecc.graph_opt.pipeline import optimize
 from tecc.schedules.space import ConfigSpace
 from tecc.schedules.tasks import CONV_TEMPLATES
 from tecc.schedules.template import templates_for
@@ -134,6 +140,21 @@ class TuningContext:
 
     def conv_blocks(self, call: Call, producer_block: int | None,
                     tile: int = 0) -> tuple[int, int] | None:
+        wl, choice = self.conv_choice(call, producer_block, tile)
+        return self._use(wl, choice)
+
+    def _use(self, wl: dict[str, Any], choice: Choice) -> tuple[int, int] | None:
+        """`choice` made for a conv of `wl`: kept for the scheduler, its blocks."""
+        if choice.config is not None:
+            chosen = self._chosen.setdefault(workload_key(wl), [])
+            if choice not in chosen:
+                chosen.append(choice)
+        return conv_blocks(wl, choice.config, self.lanes)
+
+    def conv_choice(self, call: Call, producer_block: int | None,
+                    tile: int = 0) -> tuple[dict[str, Any], Choice]:
+        """A conv's workload and its config by the records, given the block its
+        producer writes (None: NCHW data)."""
         data = call.args[0]
         groups = call.attrs["groups"]
         depthwise = groups > 1 and groups == data.shape[1] == call.shape[1]
@@ -146,15 +167,16 @@ class TuningContext:
             # Prefer the best measured config that reads the producer's block as is:
             # a layout transform between two layers costs more than a few percent of
             # kernel speed (the tuner measures kernels, not the transforms).
-            key = "c_bn" if depthwise else "ic_bn"
+            key = self._reads_key(wl)
             matching = self.choose_where(wl, lambda c: c.get(key) == producer_block)
             if matching is not None:
                 choice = matching
-        if choice.config is not None:
-            chosen = self._chosen.setdefault(workload_key(wl), [])
-            if choice not in chosen:
-                chosen.append(choice)
-        return conv_blocks(wl, choice.config, self.lanes)
+        return wl, choice
+
+    @staticmethod
+    def _reads_key(wl: dict[str, Any]) -> str:
+        """The knob of a conv template's config that is its input block."""
+        return "c_bn" if wl["template"] == DEPTHWISE.name else "ic_bn"
 
     def _in_place_or(self, choice: Choice, wl: dict[str, Any], data: Any) -> Choice:
         """For a conv on NCHW data (the model's input): a config reading it one channel
@@ -204,6 +226,48 @@ class TuningContext:
                       f"template's config space (templates {', '.join(templates)}): a knob "
                       "value not among its options; the next-best valid record is used. "
                       "Re-tune these workloads or remove the lines.", stacklevel=3)
+
+
+class LayoutChainPlan(TuningContext):
+    """The layout pass under these records as compile runs it, and the configs it
+    lacks: compile gives a conv the best measured config that reads its producer's
+    block, so where the best config of all reads another block, that config with its
+    input block (ic_bn, a depthwise conv's c_bn) set to the producer's, if a point of
+    its space and not measured yet, is named (a retarget run measures few configs: the
+    only one reading the producer's block may be the fallback, and a transform before
+    the best one costs as much as a kernel). The pass goes on as if that variant were
+    chosen, so the variants chain through the layers (a depthwise conv's block is its
+    output's too). `variants`: workload key -> config JSONs."""
+
+    def __init__(self, records: RecordsArg, target: TargetInfo | tvm.target.Target | str,
+                 winograd: bool = True) -> None:
+        super().__init__(records, target, winograd)
+        self.variants: dict[str, list[dict[str, Any]]] = {}
+
+    def conv_blocks(self, call: Call, producer_block: int | None,
+                    tile: int = 0) -> tuple[int, int] | None:
+        wl, choice = self.conv_choice(call, producer_block, tile)
+        key = self._reads_key(wl)
+        best = self.choose(wl) if producer_block is not None else Choice(None, "fallback")
+        if best.config is not None and best.config.get(key) != producer_block:
+            variant = dict(best.config, **{key: producer_block})
+            if self._fits(wl)(variant) and \
+                    self.choose_where(wl, lambda c: c == variant) is None:
+                wanted = self.variants.setdefault(workload_key(wl), [])
+                if variant not in wanted:
+                    wanted.append(variant)
+                choice = Choice(variant, best.source, best.cost_s)
+        return self._use(wl, choice)
+
+
+def layout_chain_variants(func: Function, target: TargetInfo, records: RecordsArg,
+                          winograd: bool = True) -> dict[str, list[dict[str, Any]]]:
+    """The configs (workload key -> config JSONs) that would spare `func`'s layout, as
+    compile chooses it from `records`, its transforms between convs (LayoutChainPlan)."""
+    plan = LayoutChainPlan(records, target, winograd)
+    with PassContext(target=target, opt_level=3, tuning=plan.callbacks()):
+        optimize(func)
+    return plan.variants
 
 
 def config_spaces(workload: dict[str, Any], target_kind: str, lanes: int

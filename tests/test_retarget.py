@@ -4,16 +4,22 @@ here, and the fallback, and writes local records that compile reports "retargete
 and a later tuning run continues from."""
 
 import json
+import re
 import warnings
 
 import numpy as np
 import pytest
 import torch
-from tecc.autotune.records import RETARGET_SESSION, load_records, target_relation
+from tecc.autotune.records import (
+    RETARGET_SESSION,
+    load_records,
+    target_relation,
+    workload_key,
+)
 from tecc.schedules.tasks import extract_tasks
 
 import tecc
-from tecc.api import fused_graph
+from tecc.api import fused_graph, import_model
 from tecc.cli import main
 from tecc.target import target_info
 
@@ -180,3 +186,179 @@ def test_configs_of_another_vector_width_are_tried_scaled_to_this_one():
     assert [(c["ic_bn"], c["oc_bn"]) for c in candidates] == [(16, 16), (8, 8)]
     assert all(c[k] == measured[k] for c in candidates for k in measured
                if k not in ("ic_bn", "oc_bn"))
+
+
+def conv_depthwise_example():
+    """A 1x1 conv into a depthwise 3x3 conv: the depthwise conv's block is its input's."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(16, 32, 1), torch.nn.ReLU(),
+                                torch.nn.Conv2d(32, 32, 3, 1, 1, groups=32),
+                                torch.nn.ReLU()).eval()
+    return model, (torch.randn(1, 16, 12, 12),)
+
+
+def _block_changes(compiled) -> int:
+    """layout_transforms between two blocked layouts (between layers)."""
+    return len(re.findall(r'layout_transform\([^)]*dst_layout="NCHW\d+c", '
+                          r'src_layout="NCHW\d+c"', compiled.astext()))
+
+
+def _conv_and_depthwise(info, model, inputs):
+    _, fused, _, _, _ = fused_graph(model, inputs, "llvm", 3, None, None, {})
+    tasks = {t.template: t for t in extract_tasks(fused, info.tvm_target)}
+    return tasks["conv2d_NCHWc"], tasks["depthwise_conv2d_NCHWc"]
+
+
+def _write_retarget_record(path, info, task, config, cost):
+    """One record of a retarget session on this target appended to `path`."""
+    from tecc.autotune.records import Record, RecordWriter
+
+    with RecordWriter(path) as writer:
+        writer.write(Record(info.to_json(), task.workload, config, [cost], timestamp=1.0,
+                            verify=RETARGET_SESSION + "test"))
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_the_layout_chain_plan_asks_for_the_configs_that_spare_block_changes(tmp_path):
+    """A retarget session where the conv's best config writes another block than any
+    measured depthwise config reads: compile changes the block between the two; the
+    plan asks for the depthwise config with the conv's block, and once it is
+    measured compile uses it, with no transform between the layers."""
+    from tecc.tuning import layout_chain_variants
+
+    model, inputs = conv_depthwise_example()
+    info = target_info("llvm")
+    conv, depthwise = _conv_and_depthwise(info, model, inputs)
+    blocks = [k for k in conv.space.knobs if k.name == "oc_bn"][0].options
+    written, read = max(blocks), min(blocks)
+    assert depthwise.fallback_config()["c_bn"] not in (written, read)
+    conv_best = dict(conv.fallback_config().to_json(), oc_bn=written)
+    dw_best = dict(depthwise.fallback_config().to_json(), c_bn=read)
+    path = tmp_path / "local.jsonl"
+
+    def write(task, config, cost):
+        _write_retarget_record(path, info, task, config, cost)
+
+    write(conv, conv_best, 1e-5)
+    write(conv, conv.fallback_config().to_json(), 2e-5)
+    write(depthwise, dw_best, 1e-5)
+    write(depthwise, depthwise.fallback_config().to_json(), 2e-5)
+    want = model(*inputs).detach().numpy()
+    assert _block_changes(tecc.compile(model, inputs, records=path)) == 1
+
+    func = import_model(model, inputs).func
+    variants = layout_chain_variants(func, info, path)
+    variant = dict(dw_best, c_bn=written)
+    assert variants == {workload_key(depthwise.workload): [variant]}
+
+    write(depthwise, variant, 3e-5)  # slower alone than the others, but no transform
+    chained = tecc.compile(model, inputs, records=path)
+    assert _block_changes(chained) == 0
+    dw_task = next(t for t in chained.tasks() if t["template"] == depthwise.template)
+    assert dw_task["config"] == variant and dw_task["source"] == "retargeted"
+    np.testing.assert_allclose(chained(*inputs).numpy(), want, rtol=1e-4, atol=1e-4)
+    assert layout_chain_variants(func, info, path) == {}
+
+
+@pytest.fixture(scope="module")
+def foreign_chain(tmp_path_factory):
+    """Foreign records (one core more) of conv_depthwise_example where every conv
+    config writes a block that no depthwise config reads. Returns (path, conv task,
+    depthwise task, the conv's block, the local target facts)."""
+    model, inputs = conv_depthwise_example()
+    info = target_info("llvm")
+    conv, depthwise = _conv_and_depthwise(info, model, inputs)
+    blocks = [k for k in conv.space.knobs if k.name == "oc_bn"][0].options
+    written, read = max(blocks), min(blocks)
+    other = dict(info.to_json(), **{"num-cores": info.cores + 1})
+    path = tmp_path_factory.mktemp("chain") / "foreign.jsonl"
+    with open(path, "w") as f:
+        for task, config in ((conv, dict(conv.fallback_config().to_json(), oc_bn=written)),
+                             (depthwise, dict(depthwise.fallback_config().to_json(),
+                                              c_bn=read))):
+            f.write(json.dumps({"version": 1, "target": other, "workload": task.workload,
+                                "config": config, "costs_s": [1e-4], "error": None,
+                                "timestamp": 1.0}) + "\n")
+    return path, conv, depthwise, written, info
+
+
+def test_retarget_measures_the_layout_chains_configs_in_its_session(foreign_chain, tmp_path):
+    """retarget_tasks measures the configs layout_variants asks for (after the foreign
+    ones, in the same session) until it asks for none new."""
+    from tecc.autotune.tune import retarget_tasks
+
+    path, conv, depthwise, written, _ = foreign_chain
+    variant = dict(depthwise.fallback_config().to_json(), c_bn=written)
+    asked = []
+
+    def layout_variants():
+        asked.append(len(load_records(records)[0]))
+        return {workload_key(depthwise.workload): [variant]}
+
+    records = tmp_path / "local.jsonl"
+    states = retarget_tasks([conv, depthwise], [1, 1], load_records(path)[0], records, k=1,
+                            rounds=2, progress=False, layout_variants=layout_variants)
+    # first after the foreign configs and fallbacks (2 rounds of 2 tasks x 2 configs),
+    # then once more, when the variant is measured
+    assert asked == [8, 10]
+    dw_state = next(s for s in states if s.task is depthwise)
+    assert [c.to_json() for c in dw_state.variants] == [variant]
+    lines, _ = load_records(records)
+    assert len({r.verify for r in lines}) == 1
+    assert sum(r.config == variant for r in lines) == 2 and all(r.ok for r in lines)
+
+
+def test_a_retargeted_model_keeps_its_blocks_between_layers(foreign_chain, tmp_path):
+    model, inputs = conv_depthwise_example()
+    path, conv, depthwise, written, _ = foreign_chain
+    records = tmp_path / "local.jsonl"
+    tecc.retarget(model, inputs, foreign=path, records=records, k=1, rounds=2,
+                  progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the layout transforms have no records
+        tuned = tecc.compile(model, inputs, records=records)
+    assert _block_changes(tuned) == 0
+    np.testing.assert_allclose(tuned(*inputs).numpy(), model(*inputs).detach().numpy(),
+                               rtol=1e-4, atol=1e-4)
+
+
+def test_a_lane_knob_without_its_scaled_value_here_takes_the_nearest_option():
+    """A packing block of 1000 features: 8 on AVX2; no multiple of AVX-512's 16
+    lanes divides 1000, so the candidate takes the option nearest 16 (25)."""
+    from tecc.autotune.records import Record
+    from tecc.autotune.tune import foreign_candidates
+
+    model = torch.nn.Linear(64, 1000).eval()
+    inputs = (torch.randn(1, 64),)
+    _, fused, _, _, info = fused_graph(model, inputs, "llvm:skylake-avx512", 3, None, None, {})
+    dense = next(t for t in extract_tasks(fused, info.tvm_target)
+                 if "tile_n" in t.template_obj.lane_knobs)
+    options = next(k.options for k in dense.space.knobs if k.name == "tile_n")
+    assert 8 not in options and 16 not in options and 25 in options
+    avx2 = {"kind": "llvm", "mcpu": "core-avx2", "num-cores": info.cores}
+    measured = dict(dense.fallback_config().to_json(), tile_n=8)
+    record = Record(target=avx2, workload=dense.workload, config=measured, costs_s=[1e-3])
+    candidates, _ = foreign_candidates(dense, [record])
+    assert [c.to_json() for c in candidates] == [dict(measured, tile_n=25)]
+
+
+def test_the_layout_chain_plan_asks_for_the_best_config_with_the_producers_block(tmp_path):
+    """The only measured depthwise config reading the conv's block is a slow one: the
+    plan asks for the fastest one with the conv's block."""
+    from tecc.tuning import layout_chain_variants
+
+    model, inputs = conv_depthwise_example()
+    info = target_info("llvm")
+    conv, depthwise = _conv_and_depthwise(info, model, inputs)
+    blocks = [k for k in conv.space.knobs if k.name == "oc_bn"][0].options
+    written, read = max(blocks), min(blocks)
+    path = tmp_path / "local.jsonl"
+    _write_retarget_record(path, info, conv,
+                           dict(conv.fallback_config().to_json(), oc_bn=written), 1e-5)
+    fallback = depthwise.fallback_config().to_json()
+    dw_best = dict(fallback, c_bn=read, tile_ow=2)
+    slow = dict(fallback, c_bn=written, tile_ow=1)
+    _write_retarget_record(path, info, depthwise, dw_best, 1e-5)
+    _write_retarget_record(path, info, depthwise, slow, 9e-5)
+    variants = layout_chain_variants(import_model(model, inputs).func, info, path)
+    assert variants == {workload_key(depthwise.workload): [dict(dw_best, c_bn=written)]}

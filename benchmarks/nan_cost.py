@@ -49,7 +49,7 @@ def plain_max_min() -> Iterator[None]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--models", default="resnet18,mobilenet_v2")
-    parser.add_argument("--rounds", type=int, default=11)
+    parser.add_argument("--rounds", type=int, default=21)
     args = parser.parse_args()
     rows = []
     for name in args.models.split(","):

@@ -195,36 +195,43 @@ def _is_const(x: tvm.tirx.PrimExpr) -> bool:
     return isinstance(x, tvm.tirx.IntImm | tvm.tirx.FloatImm)
 
 
-def _nan_wins(a: tvm.tirx.PrimExpr, b: tvm.tirx.PrimExpr, plain: tvm.tirx.PrimExpr
-              ) -> tvm.tirx.PrimExpr:
-    """`plain` (max or min of a and b), unless a or b is NaN: then that NaN."""
-    a, b = (x.asobject() if hasattr(x, "asobject") else x for x in (a, b))  # te slices
+def _operands(a: tvm.tirx.PrimExpr, b: tvm.tirx.PrimExpr
+              ) -> tuple[tvm.tirx.PrimExpr, tvm.tirx.PrimExpr]:
+    return tuple(x.asobject() if hasattr(x, "asobject") else x for x in (a, b))  # te slices
+
+
+def _nan_wins(a: tvm.tirx.PrimExpr, b: tvm.tirx.PrimExpr, larger: bool) -> tvm.tirx.PrimExpr:
+    """max (`larger`) or min of a and b, NaN if either is NaN. Against a constant it is
+    one compare and select that keeps the variable when the compare fails, as it does
+    for NaN: LLVM makes that a single vmaxps / vminps with the operands in the order
+    that returns the NaN, so relu, relu6 and clamp cost nothing more. Two variables
+    need a NaN test each."""
+    a, b = _operands(a, b)
+    plain = tvm.tirx.max(a, b) if larger else tvm.tirx.min(a, b)
     if not _is_float(a):
         return plain
-    if not _is_const(b):
-        plain = tvm.tirx.Select(tvm.tirx.isnan(b), b, plain)
-    if not _is_const(a):
-        plain = tvm.tirx.Select(tvm.tirx.isnan(a), a, plain)
-    return plain
+    if _is_const(a) and not _is_const(b):
+        a, b = b, a
+    if _is_const(b):
+        return tvm.tirx.Select(b > a, b, a) if larger else tvm.tirx.Select(a > b, b, a)
+    plain = tvm.tirx.Select(tvm.tirx.isnan(b), b, plain)
+    return tvm.tirx.Select(tvm.tirx.isnan(a), a, plain)
 
 
 def nan_max(a: tvm.tirx.PrimExpr, b: tvm.tirx.PrimExpr) -> tvm.tirx.PrimExpr:
     """max(a, b) as torch computes it: NaN if either is NaN."""
-    return _nan_wins(a, b, tvm.tirx.max(a, b))
+    return _nan_wins(a, b, larger=True)
 
 
 def nan_min(a: tvm.tirx.PrimExpr, b: tvm.tirx.PrimExpr) -> tvm.tirx.PrimExpr:
     """min(a, b) as torch computes it: NaN if either is NaN."""
-    return _nan_wins(a, b, tvm.tirx.min(a, b))
+    return _nan_wins(a, b, larger=False)
 
 
 def nan_clamp(x: tvm.tirx.PrimExpr, low: tvm.tirx.PrimExpr, high: tvm.tirx.PrimExpr
               ) -> tvm.tirx.PrimExpr:
-    """min(max(x, low), high) as torch computes it, for constant bounds: NaN stays NaN
-    (one test of x, not one per bound)."""
-    x = x.asobject() if hasattr(x, "asobject") else x
-    plain = tvm.tirx.min(tvm.tirx.max(x, low), high)
-    return tvm.tirx.Select(tvm.tirx.isnan(x), x, plain) if _is_float(x) else plain
+    """min(max(x, low), high) as torch computes it, for constant bounds: NaN stays NaN."""
+    return nan_min(nan_max(x, low), high)
 
 
 # te.max / te.min over axes with torch's NaN semantics (amax, amin, max_pool2d). rfactor

@@ -50,9 +50,8 @@ def describe_exception(exc: BaseException, skip_files: Sequence[str] = ()) -> st
 
 
 def _worker_main(conn: multiprocessing.connection.Connection, env: dict[str, str],
-                 warm_imports: Sequence[str], retire_after_error: bool = False) -> None:
-    """A worker's loop: receive (fn, payload), send ("ok", result) or ("error", text);
-    with `retire_after_error`, end after sending an error (the pool starts another)."""
+                 warm_imports: Sequence[str]) -> None:
+    """A worker's loop: receive (fn, payload), send ("ok", result) or ("error", text)."""
     os.environ.update(env)  # before tvm is imported: TVM_USE_RUNTIME_LIB, threads
     for name in warm_imports:  # so a job's time-out does not include importing tvm
         try:
@@ -77,9 +76,6 @@ def _worker_main(conn: multiprocessing.connection.Connection, env: dict[str, str
             conn.send(reply)
         except Exception as exc:  # noqa: BLE001 - an unpicklable result
             conn.send(("error", f"cannot send the result back: {exc}"))
-        if retire_after_error and reply[0] == "error":
-            conn.close()
-            os._exit(0)  # skip atexit handlers: the process state is not trusted
 
 
 @dataclass
@@ -92,10 +88,8 @@ class JobOutcome:
 
 
 class _Worker:
-    def __init__(self, ctx: Any, env: dict[str, str], warm: Sequence[str],
-                 retire_after_error: bool = False) -> None:
+    def __init__(self, ctx: Any, env: dict[str, str], warm: Sequence[str]) -> None:
         self._ctx, self._env, self._warm = ctx, env, warm
-        self._retire = retire_after_error
         self.proc: Any = None
         self.conn: multiprocessing.connection.Connection | None = None
         self.state = "down"  # down -> starting -> idle <-> busy
@@ -106,8 +100,7 @@ class _Worker:
     def start(self, start_timeout_s: float) -> None:
         parent, child = self._ctx.Pipe(duplex=True)
         # daemon: a worker never outlives the tuner, even when it is killed
-        proc = self._ctx.Process(target=_worker_main, args=(child, self._env, self._warm,
-                                                                   self._retire),
+        proc = self._ctx.Process(target=_worker_main, args=(child, self._env, self._warm),
                                  daemon=True, name="tecc-measure-worker")
         try:
             proc.start()
@@ -162,7 +155,7 @@ class WorkerPool:
                  warm_imports: Sequence[str] = ("tvm",), start_timeout_s: float = 120.0,
                  start_method: str = "spawn", retire_after_error: bool = False) -> None:
         ctx = multiprocessing.get_context(start_method)
-        self.workers = [_Worker(ctx, dict(env or {}), tuple(warm_imports), retire_after_error)
+        self.workers = [_Worker(ctx, dict(env or {}), tuple(warm_imports))
                         for _ in range(max(1, size))]
         self.start_timeout_s = start_timeout_s
         self.retire_after_error = retire_after_error
@@ -249,7 +242,7 @@ class WorkerPool:
                     finish(w.job, JobOutcome(status, value, time.monotonic() - w.started))
                     w.state, w.deadline = "idle", float("inf")
                     if status == "error" and self.retire_after_error:
-                        w.kill()  # it ends itself after an error: wait for it, restart
+                        w.kill()  # its process state is not trusted: a fresh one next
                         self.restarts += 1
             now = time.monotonic()
             for w in live:

@@ -117,8 +117,6 @@ def cudart() -> ctypes.CDLL:
         "cudaEventSynchronize": [vp],
         "cudaEventElapsedTime": [ctypes.POINTER(ctypes.c_float), vp, vp],
         "cudaEventDestroy": [vp],
-        "cudaDeviceSynchronize": [],
-        "cudaGetLastError": [],
     }.items():
         getattr(lib, name).argtypes = args
         getattr(lib, name).restype = ctypes.c_int

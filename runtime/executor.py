@@ -108,19 +108,30 @@ def _shape_of(spec: Any, where: str) -> tuple[int, ...]:
     return tuple(spec)
 
 
-def check_indices(plan: Mapping[str, Any], arrays: Mapping[str, Any]) -> None:
-    """IndexError, as torch raises it, for an input that indexes a table (plan
-    "index_checks": embedding, index_select) with a value outside [0, size); inputs
-    not in `arrays` (on a GPU) are not checked."""
+def index_checks(plan: Mapping[str, Any], specs: Sequence[TensorSpec]
+                 ) -> list[tuple[int, str, int]]:
+    """(input position, name, table rows) of the plan's "index_checks": inputs that
+    index a table (embedding, index_select)."""
+    position = {s.name: i for i, s in enumerate(specs)}
+    checks = []
     for check in plan.get("index_checks", ()):
-        a = arrays.get(check["input"])
-        if a is None or not a.size:
+        if check.get("input") not in position:
+            raise PlanError(f"index check of input {check.get('input')!r}: no such input")
+        checks.append((position[check["input"]], check["input"], int(check["size"])))
+    return checks
+
+
+def check_indices(checks: Sequence[tuple[int, str, int]], arrays: Sequence[Any]) -> None:
+    """IndexError, as torch raises it, for an input that indexes a table with a value
+    outside [0, rows); inputs that are no numpy arrays (on a GPU) are not checked."""
+    for i, name, size in checks:
+        a = arrays[i]
+        if not isinstance(a, np.ndarray) or not a.size:
             continue
-        size = check["size"]
         low, high = a.min(), a.max()
         if low < 0 or high >= size:
             bad = int(low) if low < 0 else int(high)
-            raise IndexError(f"input {check['input']!r}: index {bad} is out of range for a "
+            raise IndexError(f"input {name!r}: index {bad} is out of range for a "
                              f"table of {size} rows (valid: 0 to {size - 1})")
 
 
@@ -193,6 +204,7 @@ class Executor:
         self.output_specs: list[TensorSpec] = [
             self._spec(entry, "output") for entry in plan["outputs"]
         ]
+        self._index_checks = index_checks(plan, self.input_specs)
         self._in_views = [self._views[e["tensor"]] for e in plan["inputs"]]
         self._out_views = [self._views[e["tensor"]] for e in plan["outputs"]]
 
@@ -292,7 +304,8 @@ class Executor:
                     f"got {a.shape} {a.dtype}"
                 )
             arrays.append(a)
-        check_indices(self.plan, {s.name: a for s, a in zip(specs, arrays, strict=True)})
+        if self._index_checks:
+            check_indices(self._index_checks, arrays)
         return arrays
 
     def run_flat(self, *inputs: np.ndarray) -> list[np.ndarray]:
@@ -463,8 +476,8 @@ class CudaExecutor(Executor):
                   else self._stream)
         sources = [self._source(x, spec, i, torch)
                    for i, (spec, x) in enumerate(zip(specs, inputs, strict=True))]
-        check_indices(self.plan, {s.name: x for s, (x, _) in zip(specs, sources, strict=True)
-                                  if isinstance(x, np.ndarray)})
+        if self._index_checks:
+            check_indices(self._index_checks, [x for x, _ in sources])
         in_place = on_gpu and all(
             isinstance(x, torch.Tensor) and x.is_cuda and ptr % ALIGNMENT == 0
             for x, ptr in sources)

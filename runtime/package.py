@@ -219,25 +219,24 @@ def _check_target(target: Mapping[str, Any]) -> None:
         raise PackageError(f"this package was built for {built_for}; target kind {kind!r} is not supported")
 
 
-def _verify_files(root: Path, manifest: Mapping[str, Any], shown: Path | None = None) -> None:
+def _verify_files(root: Path, manifest: Mapping[str, Any], shown: Path) -> None:
     """The payload files under `root` against the manifest's digests; errors name
-    `shown` (the user's .tar, not the folder it was extracted to)."""
-    root_dir, root = root, shown or root
+    `shown`, the user's package (a .tar is checked in the folder it was extracted to)."""
     files = manifest.get("files")
     if not isinstance(files, Mapping):
-        raise PackageError(f"{root}: manifest.json has no 'files' digests; re-export the package")
+        raise PackageError(f"{shown}: manifest.json has no 'files' digests; re-export the package")
     for name in PAYLOAD:
         if name not in files:
-            raise PackageError(f"{root}: manifest.json lists no digest for {name}; re-export the package")
+            raise PackageError(f"{shown}: manifest.json lists no digest for {name}; re-export the package")
     for name, digest in files.items():
-        p = root_dir / name
+        p = root / name
         if Path(name).name != name:
-            raise PackageError(f"{root}: manifest names a file outside the package: {name!r}")
+            raise PackageError(f"{shown}: manifest names a file outside the package: {name!r}")
         if not p.is_file():
-            raise PackageError(f"{root}: {name} is missing from the package; re-export the package")
+            raise PackageError(f"{shown}: {name} is missing from the package; re-export the package")
         if _sha256(p) != digest:
             raise PackageError(
-                f"{root}: {name} was changed after export (its sha256 does not match the "
+                f"{shown}: {name} was changed after export (its sha256 does not match the "
                 f"manifest); re-export the package from the compiled model"
             )
 

@@ -125,10 +125,15 @@ KERNEL_FEATURES = ("blocks", "threads", "block_m", "block_n", "k_steps", "shared
                    "vector_bytes", "unroll", "double_buffered", "dlight_rule")
 
 
-def shared_row(extent: int) -> int:
-    """Floats per k row of a k-major shared tile `extent` wide: gpu_matmul.py aligns
-    rows to 32 floats plus 4 (storage_align, against bank conflicts)."""
-    return -(-extent // 32) * 32 + 4
+def shared_bytes(tile: tuple[int, ...], micro_k: int, double: bool) -> int:
+    """Shared memory of a simt block: the k-major A and B tiles, whose rows
+    gpu_matmul.py aligns to 32 floats plus 4 (storage_align, against bank conflicts),
+    twice when double-buffered."""
+    def row(extent: int) -> int:
+        return -(-extent // 32) * 32 + 4
+
+    bm, bn = tile_shape(tile)
+    return (row(bm) + row(bn)) * micro_k * 4 * (2 if double else 1)
 
 
 def kernel_features(workload: dict[str, Any], config: dict[str, Any],
@@ -149,7 +154,7 @@ def kernel_features(workload: dict[str, Any], config: dict[str, Any],
     threads = tm * tn
     blocks = grid_blocks(tile, batch, m, n)
     k_steps = -(-k // micro_k)
-    shared = (shared_row(bm) + shared_row(bn)) * micro_k * 4 * (2 if double else 1)
+    shared = shared_bytes(tile, micro_k, double)
     registers = vm * vn * mm * mn + vm * mm + vn * mn + 24
     smem_sm = info.max_shared_memory_per_sm or 228 * 1024
     per_sm = min(BLOCKS_PER_SM, THREADS_PER_SM // threads, smem_sm // max(shared, 1),
@@ -222,7 +227,7 @@ class GpuMatmulTemplate(Template):
             # (H200: 49x512x4608 4.3 TFLOP/s against 2.6, 128x768x768 7.8 against 5.8).
             smem = info.max_shared_memory_per_block or 49152
             micro_k, pipeline = 64 if k >= 1024 else 32, "double"
-            while micro_k > 16 and 2 * micro_k * (tm + tn + 8) * 4 > smem:
+            while micro_k > 16 and shared_bytes(tile, micro_k, True) > smem:
                 micro_k //= 2
         return space.from_json({"rule": rule, "tile": tile_name(tile), "micro_k": micro_k,
                                 "vector": vector, "unroll": 256, "pipeline": pipeline})
@@ -240,14 +245,12 @@ class GpuMatmulTemplate(Template):
             else:
                 result = None
             if rule == "simt":
-                if ctx.workload is not None:  # refused here, not after nvcc
-                    shared = kernel_features(ctx.workload, config, target_info(ctx.target))[
-                        "shared_bytes"]
-                    limit = target_info(ctx.target).max_shared_memory_per_block or 49152
-                    if shared > limit:
-                        raise ValueError(f"the tile needs {shared} bytes of shared memory; "
-                                         f"a block may use {limit}")
                 tile = tuple(int(v) for v in config["tile"].split(","))
+                shared = shared_bytes(tile, config["micro_k"], config["pipeline"] == "double")
+                limit = target_info(ctx.target).max_shared_memory_per_block or 49152
+                if shared > limit:  # refused here, not after nvcc
+                    raise ValueError(f"the tile needs {shared} bytes of shared memory; "
+                                     f"a block may use {limit}")
                 result = schedule_simt_matmul(func, tile, config["micro_k"], config["vector"],
                                               config["unroll"], config["pipeline"])
             if result is None:  # the GEMV rules refuse some forms: the tiled one then

@@ -241,9 +241,9 @@ def require_gpu(target: str) -> None:
         cuda_device(0)
     except CudaError as err:
         raise CudaError(f"tuning for {target} measures every candidate on an NVIDIA GPU, "
-                           f"and there is none here: {err}. Tune on a machine with the GPU "
-                           "(the records it writes apply to compiles for that arch on any "
-                           "machine)") from None
+                        f"and there is none here: {err}. Tune on a machine with the GPU "
+                        "(the records it writes apply to compiles for that arch on any "
+                        "machine)") from None
 
 
 def retarget(

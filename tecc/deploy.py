@@ -216,7 +216,13 @@ def runtime_venv(path: str | os.PathLike, wheel: str | os.PathLike, offline: boo
     import sys
 
     path = Path(path)
-    subprocess.run([sys.executable, "-m", "venv", str(path)], check=True)
+    # A Python without ensurepip (some distributions' system Python) makes a venv
+    # without pip: the wheel is then installed into it by this environment's pip.
+    with_pip = subprocess.run([sys.executable, "-m", "venv", str(path)],
+                              capture_output=True).returncode == 0
+    if not with_pip:
+        shutil.rmtree(path, ignore_errors=True)
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True)
     python = path / "bin" / "python"
     site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig."
                                 "get_paths()['purelib'])"], check=True, capture_output=True,
@@ -225,7 +231,9 @@ def runtime_venv(path: str | os.PathLike, wheel: str | os.PathLike, offline: boo
     if offline:
         for name in RUNTIME_DEPENDENCIES:
             _link_distribution(name, site, seen)
-    subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check",
+    installer = [str(python), "-m", "pip"] if with_pip else [sys.executable, "-m", "pip"]
+    target = [] if with_pip else ["--no-deps", "--target", str(site)]
+    subprocess.run([*installer, "install", "-q", "--disable-pip-version-check", *target,
                     *(["--no-index"] if offline else []), str(wheel)], check=True)
     return python, sorted(seen)
 

@@ -19,6 +19,7 @@ from tecc.cuda_toolchain import (
     find_nvcc,
 )
 from tecc.target import resolve_target
+from tests.models import MLP
 from tests.test_models import TOLERANCE
 from tests.test_models import make as make_model
 from tests.test_ops import CASES, build_case
@@ -220,6 +221,41 @@ def test_cuda_package_runs_with_the_runtime_alone(tmp_path):
         return
     assert "RAN" in proc.stdout, proc.stdout + proc.stderr
     np.testing.assert_allclose(np.load(tmp_path / "out.npy"), a @ b, rtol=1e-4, atol=1e-5)
+
+
+def test_cuda_wheel_runs_in_a_venv_without_torch_or_tecc(tmp_path):
+    """The Python deployment package of a cuda model carries TVM's CUDA runtime and a
+    cubin for its arch; installed offline into a venv that has numpy and apache-tvm-ffi
+    only, it runs on a GPU of that arch and matches torch; without a GPU, load() refuses
+    it with PackageError before any kernel runs."""
+    import zipfile
+
+    from tecc.deploy import run_in_venv, runtime_venv
+
+    model = MLP().eval()
+    x = torch.randn(4, 64, generator=torch.Generator().manual_seed(3))
+    compiled = tecc.compile(model, (x,), target=f"cuda:{ARCH}")
+    wheel = compiled.export_python_package(tmp_path / "dist", "mlp_cuda", "1.0")
+    with zipfile.ZipFile(wheel) as zf:
+        names = set(zf.namelist())
+        lib = zf.read("mlp_cuda/model/lib.so")
+    assert {"mlp_cuda/_runtime/libtvm_runtime.so", "mlp_cuda/_runtime/libtvm_runtime_cuda.so",
+            "mlp_cuda/_runtime/cuda.py", "mlp_cuda/_runtime/LICENSE.tvm"} <= names
+    assert ("elf", int(ARCH[3:])) in embedded_cuda_archs(lib), embedded_cuda_archs(lib)
+    python, _ = runtime_venv(tmp_path / "venv", wheel, offline=True)
+    np.savez(tmp_path / "x.npz", x=x.numpy())
+    if not GPU:
+        with pytest.raises(RuntimeError, match="PackageError.*no CUDA device"):
+            run_in_venv(python, "mlp_cuda", tmp_path / "x.npz", tmp_path / "y.npz", repeat=0)
+        return
+    result = run_in_venv(python, "mlp_cuda", tmp_path / "x.npz", tmp_path / "y.npz", repeat=20)
+    assert result["importable"] == [] and result["imported"] == [], result
+    assert result["info"]["target"]["arch"] == ARCH, result["info"]
+    with np.load(tmp_path / "y.npz") as data, torch.no_grad():
+        np.testing.assert_allclose(data["arr_0"], model(x).numpy(), rtol=TOLERANCE["mlp"],
+                                   atol=1e-5)
+    print(f"cuda wheel: import + first call {result['import_and_first_call_s']:.2f} s, "
+          f"{result['median_ms']:.3f} ms per call")
 
 
 # (rule, tile, micro_k, pipeline) on shapes that do and do not divide the tiles

@@ -17,3 +17,8 @@ empty = tvm.runtime.empty
 
 def device(kind: str, index: int = 0) -> Any:
     return tvm.device(kind, index)
+
+
+def create_view(tensor: Any, shape: tuple[int, ...], dtype: str, byte_offset: int) -> Any:
+    """A tensor of `shape` and `dtype` over `tensor`'s memory from `byte_offset` on."""
+    return tensor._create_view(shape, dtype, relative_byte_offset=byte_offset)

@@ -404,11 +404,13 @@ class CudaExecutor(Executor):
 
     def _view(self, storage: Any, offset: int, nbytes: int, shape: tuple[int, ...],
               dtype: np.dtype) -> tuple[Any, Any]:
-        tensor = storage._create_view(shape, str(dtype), relative_byte_offset=offset)
+        tensor = _tvm.create_view(storage, shape, str(dtype), offset)
         return DeviceTensor(shape, dtype, tensor), tensor
 
     def _upload(self, view: Any, value: np.ndarray) -> None:
-        view.tensor.copyfrom(np.ascontiguousarray(value))
+        value = np.ascontiguousarray(value, dtype=view.dtype)
+        self._cuda.copy_async(view.ptr, value.ctypes.data, view.nbytes, self._stream)
+        self._cuda.synchronize(self._stream)
 
     # ------------------------------------------------------------------ running
 
@@ -423,8 +425,7 @@ class CudaExecutor(Executor):
             base = _tvm.from_dlpack(x)
             for tid, offset in group:
                 view = self._views[tid]
-                bound[tid] = base._create_view(view.shape, str(view.dtype),
-                                               relative_byte_offset=offset)
+                bound[tid] = _tvm.create_view(base, view.shape, str(view.dtype), offset)
         calls = list(self._calls)
         for i, positions in self._rebound_args:
             func, args = calls[i]

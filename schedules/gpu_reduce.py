@@ -108,9 +108,9 @@ def row_fallback(rows: int, k: int, passes: int, sms: int, shared_limit: int,
     threads = 1 << max(0, math.ceil(math.log2(max(1, math.ceil(k / ELEMENTS_PER_THREAD)))))
     threads = min(1024, max(min(warp, 1 << math.ceil(math.log2(k))), threads))
     per_block = max(1, BLOCK_THREADS // threads)
-    # rows per block dividing the rows: no predicate around the block's syncs
+    # rows per block dividing the row axis: no predicate around the block's syncs
     period = rows if period is None else period
-    per_block = max(r for r in ROWS if r <= per_block and rows % r == 0 and period % r == 0)
+    per_block = max(r for r in ROWS if r <= per_block and period % r == 0)
     while per_block > 1 and math.ceil(rows / per_block) < WAVES * sms:
         per_block //= 2
     vector = max(_vector_options(k))
@@ -194,11 +194,9 @@ class GpuRowReduceTemplate(Template):
         shared_limit = ctx.info.max_shared_memory_per_block or 49152
         if cache == "shared" and _cached_bytes(sch, info, per_block) > shared_limit:
             raise ValueError(f"{per_block} rows of {info.k} do not fit in shared memory")
-        if info.rows % per_block:  # a predicate around the block's syncs: refused
-            raise ValueError(f"{per_block} rows per block do not divide {info.rows} rows")
-        if cache == "shared" and row_period(sch, info) % per_block:
-            raise ValueError(f"{per_block} rows per block cross the row axis of "
-                             f"{row_period(sch, info)}: the shared cache would hold more")
+        if row_period(sch, info) % per_block:  # a predicate around the block's syncs
+            raise ValueError(f"{per_block} rows per block do not divide the row axis of "
+                             f"{row_period(sch, info)}")
         schedule_rows(sch, info, threads, per_block, vector, cache)
         _drop_anchor_copies(sch, ctx.block)
         return sch
@@ -211,8 +209,7 @@ def schedule_rows(sch: Schedule, info: _Rows, threads: int, per_block: int, vect
     rows, inner = row_loops(sch, info)
     if not rows:  # one row: a unit loop stands for it
         rows = [sch.add_unit_loop(sch.get_loops(out)[0])]
-    row = sch.fuse(*rows) if len(rows) > 1 else rows[0]
-    bx, ty = sch.split(row, [None, per_block])
+    bx, ty = _split_rows(sch, rows, per_block)
     sch.bind(bx, "blockIdx.x")
     sch.bind(ty, "threadIdx.y")
     name = block_name(sch, out)
@@ -231,6 +228,25 @@ def schedule_rows(sch: Schedule, info: _Rows, threads: int, per_block: int, vect
         # one value per row: thread 0 of the row stores it
         _, tx = sch.split(sch.add_unit_loop(out), [None, 1])
         sch.bind(tx, "threadIdx.x")
+
+
+def _split_rows(sch: Schedule, rows: list, per_block: int) -> tuple:
+    """(blocks, rows of a block): the innermost row axis longer than 1 split by
+    `per_block`, the loops around fused. A block's rows then differ in that axis
+    alone: the region of its rows (the shared cache spans every threadIdx.y of the
+    block) is `per_block` rows, not the bounding box of a fused index's rows (four
+    rows of a (batch, head, query) index that cross a head would span two heads)."""
+    extents = [int(sch.get(lp).extent) for lp in rows]
+    axis = max((i for i, e in enumerate(extents) if e > 1), default=len(rows) - 1)
+    if extents[axis] % per_block:
+        raise ValueError(f"{per_block} rows per block do not divide the row axis of "
+                         f"{extents[axis]}")
+    outer, inner = sch.split(rows[axis], [extents[axis] // per_block, per_block])
+    after = rows[axis + 1:]  # unit loops
+    if after:
+        sch.reorder(outer, *after, inner)
+    loops = [*rows[:axis], outer, *after]
+    return (sch.fuse(*loops) if len(loops) > 1 else loops[0]), inner
 
 
 def _bind_row_loop(sch: Schedule, loop, threads: int, vector: int) -> None:
@@ -270,10 +286,8 @@ def _cache_row(sch: Schedule, info: _Rows, at, threads: int, vector: int) -> Non
 
 
 def row_period(sch: Schedule, info: _Rows) -> int:
-    """The innermost kept extent of the rows: a block's rows stay within one period of
-    it only when their count divides it. Shared memory spans every threadIdx.y of a
-    block, so the cache holds the bounding box of the block's rows in the input's
-    layout: four rows of 197 that cross a head would cache two whole heads."""
+    """The innermost kept extent longer than 1 (1: a single row): the row axis that
+    the rows per block split (_split_rows)."""
     buffer, dims = _reduced_dims(sch, info.reductions[0])
     kept = [int(d) for i, d in enumerate(buffer.shape) if i not in dims and int(d) > 1]
     return kept[-1] if kept else 1

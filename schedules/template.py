@@ -65,6 +65,7 @@ TEMPLATE_MODULES = (
     "tecc.schedules.templates_reduce",
     "tecc.schedules.templates_injective",
     "tecc.schedules.gpu_templates",
+    "tecc.schedules.gpu_reduce",
 )
 # The anchor kind of a group of injective ops (it has no "tecc.anchor" block).
 INJECTIVE_KIND = "injective"

@@ -253,26 +253,32 @@ def _finish_rf(sch: Schedule, rf, depth: int, p: int, ko: int, kv: int) -> None:
         sch.decompose_reduction(rf, lo[0])
 
 
-def _apply_row_mode(sch: Schedule, info: _Rows, config: Config) -> None:
-    p, ko, kv = config["k_split"]
-    par = config["parallel"] == "rows"
+def row_loops(sch: Schedule, info: _Rows) -> tuple[list, object | None]:
+    """The output block's loops over the rows, and (for an input-shaped output) its
+    loops over a row's elements reordered innermost and fused into one (else None)."""
     out = info.out
-    rfs = [_rfactor(sch, red, p, ko, kv) for red in info.reductions] if kv > 1 or p > 1 else []
-    # the output's row loop
     if info.out_kind == "full":
         _, dims = _reduced_dims(sch, info.reductions[0])
         loops = sch.get_loops(out)
         rows = [lp for d, lp in enumerate(loops) if d not in dims]
         inner = [lp for d, lp in enumerate(loops) if d in dims]
         sch.reorder(*rows, *inner)
-        lin = sch.fuse(*inner) if len(inner) > 1 else inner[0]
-        if kv > 1:
-            _, lv = sch.split(lin, [None, kv])
-            sch.vectorize(lv)
-    elif info.out_kind == "red":
-        rows = _spatial_loops(sch, out)
-    else:
-        rows = list(sch.get_loops(out))
+        return rows, sch.fuse(*inner) if len(inner) > 1 else inner[0]
+    if info.out_kind == "red":
+        return _spatial_loops(sch, out), None
+    return list(sch.get_loops(out)), None
+
+
+def _apply_row_mode(sch: Schedule, info: _Rows, config: Config) -> None:
+    p, ko, kv = config["k_split"]
+    par = config["parallel"] == "rows"
+    out = info.out
+    rfs = [_rfactor(sch, red, p, ko, kv) for red in info.reductions] if kv > 1 or p > 1 else []
+    # the output's row loop
+    rows, lin = row_loops(sch, info)
+    if lin is not None and kv > 1:
+        _, lv = sch.split(lin, [None, kv])
+        sch.vectorize(lv)
     row = None
     if rows:
         row = sch.fuse(*rows) if len(rows) > 1 else rows[0]

@@ -657,8 +657,39 @@ def _log_softmax_compute(args: list[te.Tensor], attrs: Attrs, out_type: Type) ->
                       name="log_softmax")
 
 
+def _safe_softmax_compute(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    """torch's _safe_softmax (attention with a mask): softmax, but 0 for a row that is
+    -inf everywhere. Whether a row holds anything but -inf is a third reduction over
+    the row, not a test of its maximum: the max reduction starts at the lowest finite
+    float (a row of -inf and of -FLT_MAX alike give it) and ignores NaN on CUDA."""
+    (x,) = args
+    axis = normalize_axis(attrs["axis"], x.ndim)
+    _, es, red, e = _softmax_parts(x, axis, "softmax")
+    k = te.reduce_axis((0, te_shape(x)[axis]), name="k3")
+    one, zero = const(1, x.dtype), const(0, x.dtype)
+    kept = te.compute(
+        es.shape,
+        lambda *i: te.max(tvm.tirx.Select(x[tuple(i[:axis]) + (k,) + tuple(i[axis:])]
+                                          == const(-np.inf, x.dtype), zero, one), axis=k),
+        name="softmax_kept")
+    # if_then_else, not Select: its condition stays one per row when the store is
+    # vectorized (a vector of bools does not compile for CUDA)
+    return te.compute(x.shape, lambda *i: tvm.tirx.if_then_else(
+        kept[red(i)] > zero, e[i] / es[red(i)], zero), name="safe_softmax")
+
+
+def _safe_softmax_evaluate(args: list[np.ndarray], attrs: Attrs, out_type: Type) -> np.ndarray:
+    x = args[0].astype(np.float64)
+    axis = attrs["axis"]
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    masked = np.all(x == -np.inf, axis=axis, keepdims=True)
+    return np.where(masked, 0.0, e / e.sum(axis=axis, keepdims=True))
+
+
 OPS.register("nn.softmax", _softmax_rel, Pattern.OPAQUE, 1, attrs={"axis": -1},
              compute=_softmax_compute)
+OPS.register("nn.safe_softmax", _softmax_rel, Pattern.OPAQUE, 1, attrs={"axis": -1},
+             compute=_safe_softmax_compute, evaluate=_safe_softmax_evaluate)
 OPS.register("nn.log_softmax", _softmax_rel, Pattern.OPAQUE, 1, attrs={"axis": -1},
              compute=_log_softmax_compute)
 
@@ -667,6 +698,16 @@ OPS.register("nn.log_softmax", _softmax_rel, Pattern.OPAQUE, 1, attrs={"axis": -
 def _convert_softmax(ctx: ImportContext, node, args, kwargs):
     op = "nn.log_softmax" if "log" in str(node.target) else "nn.softmax"
     return ctx.call(op, args[0], axis=args[1])
+
+
+# torch.export's sdpa (scaled_dot_product_attention with a mask) calls _safe_softmax;
+# decomposed it becomes softmax, a separate any-reduction over the row and a where with
+# a tensor of zeros: three kernels where one reads the row once.
+@OPS.converter("aten._safe_softmax.default")
+def _convert_safe_softmax(ctx: ImportContext, node, args, kwargs):
+    if len(args) > 2 and args[2] is not None or kwargs.get("dtype") is not None:
+        raise ctx.error("_safe_softmax with a dtype is not supported")
+    return ctx.call("nn.safe_softmax", args[0], axis=args[1])
 
 
 # ---------------------------------------------------------------- normalizations

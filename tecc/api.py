@@ -8,7 +8,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -39,6 +39,9 @@ from tecc.tuning import (
     task_table,
     warn_untuned,
 )
+
+if TYPE_CHECKING:
+    from tecc.partition import PartitionedModel
 
 
 class CompiledModel:
@@ -392,7 +395,7 @@ def compile(  # noqa: A001 - the natural name, as torch.compile
     winograd: bool = True,
     cuda_graph: bool = True,
     fallback: str = "strict",
-) -> Any:
+) -> CompiledModel | PartitionedModel:
     """Compile `model` for `target` ("llvm" = this CPU, "llvm:<cpu>", "cuda[:sm_XX]").
 
     opt_level 0 runs no graph optimization (one kernel per op); 3 runs them all.

@@ -19,7 +19,7 @@ import time
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -43,6 +43,9 @@ from tecc.frontend.importer import (
     torch_dtype_name,
 )
 from tecc.frontend.types import IRTypeError
+
+if TYPE_CHECKING:
+    from tecc.api import CompiledModel
 
 # A region compiles when it holds at least two compute ops (NON_COMPUTE_OPS: views,
 # reshapes, getitem do not count) or one of HEAVY_OPS (the partitioner's rule without
@@ -234,23 +237,16 @@ def _drop_unused_attributes(gm: torch.fx.GraphModule) -> None:
             delattr(gm, name)
 
 
-def _meta_val(node: torch.fx.Node, gm: torch.fx.GraphModule) -> Any:
-    """The fake value torch.export recorded for `node`; for an output of a fused region
-    (a getitem the fuser added), that of the region's node it returns."""
-    if "val" in node.meta:
-        return node.meta["val"]
-    source, index = node.args
-    sub = getattr(gm, source.target)
-    returned = next(n for n in sub.graph.nodes if n.op == "output").args[0][index]
-    return returned.meta["val"]
-
-
 def partition(exported: ExportedProgram) -> Partitioning:
     """Split an exported program (exported_program's) into regions and torch ops."""
     start = time.perf_counter()
     glue = _glue_graph(exported)
     _fold_constants(glue)
     placeholders = [n for n in glue.graph.nodes if n.op == "placeholder"]
+    for n in placeholders:
+        if not isinstance(n.meta.get("val"), torch.Tensor):
+            raise ImportError_(f"input {n.name!r} is not a tensor ({n.meta.get('val')!r}); "
+                               "only tensor inputs are supported")
     inputs = [TensorSpec(n.name, tuple(int(d) for d in n.meta["val"].shape),
                          torch_dtype_name(n.meta["val"].dtype)) for n in placeholders]
     outputs = [TensorSpec(f"output{i}", tuple(int(d) for d in v.shape), torch_dtype_name(v.dtype))
@@ -267,18 +263,19 @@ def partition(exported: ExportedProgram) -> Partitioning:
     position = {n: i for i, n in enumerate(glue.graph.nodes)}
     proposed = sorted(partitioner.propose_partitions(),  # numbered in the model's order
                       key=lambda p: min(position[n] for n in p.nodes))
-    ops_of = [_op_counts(p.nodes) for p in proposed]
     fused = partitioner.fuse_partitions(proposed, prefix="region_") if proposed else glue
+    calls = {n.target: n for n in fused.graph.nodes if n.op == "call_module"}
     regions = []
-    call_nodes = [n for n in fused.graph.nodes if n.op == "call_module"]
-    for node, ops in zip(call_nodes, ops_of, strict=True):
+    for index, proposal in enumerate(proposed):  # the fuser names them region_<index>
+        node = calls[f"region_{index}"]
         sub = getattr(fused, node.target)
         fixed = {i: getattr(fused, a.target) for i, a in enumerate(node.args)
                  if isinstance(a, torch.fx.Node) and a.op == "get_attr"}
         given = [a for i, a in enumerate(node.args) if i not in fixed]
-        examples = tuple(real_tensor(_meta_val(a, fused)) for a in given)
+        # the fuser gives its getitem nodes the meta of the outputs they stand for
+        examples = tuple(real_tensor(a.meta["val"]) for a in given)
         frozen = FrozenInputs(sub, fixed, len(node.args)).eval()
-        regions.append(Region(node.target, frozen, examples, ops))
+        regions.append(Region(node.target, frozen, examples, _op_counts(proposal.nodes)))
         # the constants are the region's own now; until it is compiled, torch runs it
         fused.add_submodule(node.target, frozen)
         node.args = tuple(given)
@@ -369,16 +366,29 @@ class PartitionedModel:
         if len(inputs) != len(specs):
             expected = ", ".join(f"{s.name}: {s.shape} {s.dtype}" for s in specs)
             raise ValueError(f"expected {len(specs)} input(s) ({expected}), got {len(inputs)}")
+        if not self._on_device:
+            self._move_glue()
         as_numpy = not any(isinstance(x, torch.Tensor) for x in inputs)
         tensors = [self._checked(i, x) for i, x in enumerate(inputs)]
-        if not self._on_device:
-            self.glue.to(self.device)
-            self._on_device = True
         with torch.no_grad():
             flat = self.glue(*tensors)
         if as_numpy:
             flat = [f.cpu().numpy() if isinstance(f, torch.Tensor) else f for f in flat]
         return pytree.tree_unflatten(list(flat), self.partitioning.out_spec)
+
+    def _move_glue(self) -> None:
+        """The glue's constants onto the GPU of a cuda target, at the first call (the
+        model builds without one)."""
+        if not torch.cuda.is_available():
+            from tecc.runtime.cuda import CudaError
+
+            raise CudaError(
+                f"this model was compiled for {self.target_info.kind}:{self.target_info.arch} "
+                "and its torch ops run on the GPU, where torch sees none "
+                "(torch.cuda.is_available() is False: no GPU, or a torch without CUDA). "
+                "Call it on the machine with the GPU, or compile for llvm")
+        self.glue.to(self.device)
+        self._on_device = True
 
     def _checked(self, i: int, x: Any) -> torch.Tensor:
         spec = self.partitioning.inputs[i]
@@ -445,7 +455,7 @@ def compile_with_fallback(model: torch.nn.Module | str | os.PathLike | ExportedP
                           example_inputs: Sequence[Any] | None, target: str = "llvm",
                           opt_level: int = 3, print_after: Sequence[str] | None = None,
                           records: Any = None, winograd: bool = True,
-                          cuda_graph: bool = True) -> Any:
+                          cuda_graph: bool = True) -> CompiledModel | PartitionedModel:
     """tecc.compile(..., fallback="torch"): a CompiledModel when tecc imports every op,
     else a PartitionedModel."""
     from tecc.api import compile_strict

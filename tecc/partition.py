@@ -75,8 +75,9 @@ class TorchFallbackError(RuntimeError):
 
 
 class ConverterSupport(OperatorSupportBase):
-    """The nodes tecc compiles: calls with a converter in the op registry (getitem when
-    the call it reads from is compiled too)."""
+    """The nodes tecc compiles: calls with a converter in the op registry whose inputs
+    are tensors (a Python scalar torch computes, e.g. by .item(), is none), and getitem
+    when the call it reads from is compiled too."""
 
     def is_node_supported(self, submodules: Any, node: torch.fx.Node) -> bool:
         if node.op != "call_function" or not convertible(node):
@@ -85,7 +86,7 @@ class ConverterSupport(OperatorSupportBase):
             source = node.args[0]
             return isinstance(source, torch.fx.Node) and self.is_node_supported(submodules,
                                                                                 source)
-        return True
+        return all(isinstance(n.meta.get("val"), torch.Tensor) for n in node.all_input_nodes)
 
 
 class FrozenInputs(torch.nn.Module):

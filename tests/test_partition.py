@@ -125,6 +125,26 @@ def test_a_small_region_stays_in_torch():
     assert_close(compiled(x), LoneOps()(x), rtol=1e-6, atol=1e-6)
 
 
+def test_a_scalar_torch_computes_keeps_its_consumer_in_torch():
+    class ItemScale(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            y = torch.relu(self.a(x))
+            return torch.tanh(y * y.sum().item()) * 2 + 1  # a Python float per call
+
+    torch.manual_seed(4)
+    model = ItemScale().eval()
+    compiled = _compile_quietly(model, (_fresh(2, 8, seed=19),))
+    assert compiled.torch_ops == {"aten._local_scalar_dense.default": 1, "aten.mul.Tensor": 1}
+    for seed in (20, 21):
+        x = _fresh(2, 8, seed=seed)
+        with torch.no_grad():
+            assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+
+
 def test_the_first_call_warns_once_naming_the_ops(one):
     model, _ = one
     compiled = _compile_quietly(model, (_fresh(4, 16, seed=7),))

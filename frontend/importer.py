@@ -90,12 +90,16 @@ class ImportedModel:
 
 def from_torch(model: torch.nn.Module, example_inputs: Sequence[Any]) -> ImportedModel:
     """Export `model` with `example_inputs` (static shapes) and import it."""
+    return from_exported_program(export_program(model, example_inputs))
+
+
+def export_program(model: torch.nn.Module, example_inputs: Sequence[Any]) -> ExportedProgram:
+    """torch.export's program of `model` in eval mode (static shapes), not yet decomposed."""
     if isinstance(example_inputs, torch.Tensor):
         example_inputs = (example_inputs,)
     model = model.eval()
     with torch.no_grad():
-        exported = torch.export.export(model, tuple(example_inputs))
-    return from_exported_program(exported)
+        return torch.export.export(model, tuple(example_inputs))
 
 
 def load_pt2(path: str | os.PathLike) -> ImportedModel:
@@ -127,6 +131,21 @@ def source_location(node: torch.fx.Node) -> str:
         path, line, func, code = frames[-1]
         return f"{path}:{line} in {func}: {code.strip()}"
     return f"graph node {node.name}"
+
+
+def convertible(node: torch.fx.Node) -> bool:
+    """Whether a call node has a converter (operator.getitem, taking an output of a
+    multi-output call, counts): the op check of an import, and what partitioning
+    (tecc.partition) compiles."""
+    return node.target is operator.getitem or OPS.converter_for(str(node.target)) is not None
+
+
+def check_static_and_typed(exported: ExportedProgram) -> None:
+    """The errors an import raises before its op check: dynamic input dimensions,
+    data-dependent shapes, bfloat16 (ImportContext._check_static_and_typed)."""
+    specs = {s.arg.name: s for s in exported.graph_signature.input_specs}
+    ImportContext._check_static_and_typed(exported.graph, specs,
+                                          {**exported.state_dict, **exported.constants})
 
 
 class ImportContext:
@@ -243,7 +262,7 @@ class ImportContext:
         self._check_static_and_typed(graph, specs, state)
         unsupported: dict[str, list[str]] = collections.defaultdict(list)
         for node in graph.nodes:
-            if node.op == "call_function" and not self._convertible(node):
+            if node.op == "call_function" and not convertible(node):
                 if not self._all_constant_args(node, specs):
                     unsupported[str(node.target)].append(source_location(node))
         if unsupported:
@@ -292,10 +311,6 @@ class ImportContext:
             names[i] = key
         outputs = [TensorSpec(n, e.shape, e.dtype) for n, e in zip(names, out_exprs, strict=True)]
         return ImportedModel(func, inputs, outputs, structure, param_names)
-
-    @staticmethod
-    def _convertible(node: torch.fx.Node) -> bool:
-        return node.target is operator.getitem or OPS.converter_for(str(node.target)) is not None
 
     def _all_constant_args(self, node: torch.fx.Node, specs: dict) -> bool:
         """True when no user input flows into `node` (it will be evaluated by torch)."""

@@ -21,6 +21,10 @@ def load(path: str | os.PathLike) -> Any:
 
 
 def __getattr__(name: str) -> Any:
+    if name == "PartitionedModel":
+        from tecc import partition
+
+        return partition.PartitionedModel
     if name in _COMPILER_API:
         from tecc import api
 
@@ -28,5 +32,5 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'tecc' has no attribute {name!r}")
 
 
-__all__ = ["CompiledModel", "__version__", "compile", "import_model", "load", "retarget",
-           "tune"]
+__all__ = ["CompiledModel", "PartitionedModel", "__version__", "compile", "import_model", "load",
+           "retarget", "tune"]

@@ -2,21 +2,29 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 import tvm
+from torch.export import ExportedProgram
 
 from tecc import __version__, runtime
 from tecc.autotune.records import RETARGET_BUDGET_S, RETARGET_K, load_records
 from tecc.build import BuildResult, build, index_checks
-from tecc.frontend.importer import ImportedModel, from_torch, load_pt2
+from tecc.frontend.importer import (
+    ImportedModel,
+    UnsupportedOperatorError,
+    from_exported_program,
+    from_torch,
+    load_pt2,
+)
 from tecc.frontend.ir import Call, Function, post_order
 from tecc.frontend.printer import astext
 from tecc.graph_opt.fuse_ops import primitive_per_op
@@ -31,6 +39,9 @@ from tecc.tuning import (
     task_table,
     warn_untuned,
 )
+
+if TYPE_CHECKING:
+    from tecc.partition import PartitionedModel
 
 
 class CompiledModel:
@@ -59,6 +70,13 @@ class CompiledModel:
     @property
     def output_specs(self) -> list[dict]:
         return [s.to_json() for s in self.imported.outputs]
+
+    @property
+    def torch_ops(self) -> dict[str, int]:
+        """The ATen ops that run in torch and how often: none here (see
+        tecc.partition.PartitionedModel, what compile(..., fallback="torch") gives a
+        model with ops tecc cannot compile)."""
+        return {}
 
     def __call__(self, *inputs: Any) -> Any:
         if self.target_info.is_gpu:
@@ -142,11 +160,14 @@ def _to_numpy(x: Any) -> np.ndarray:
     raise TypeError(f"inputs must be torch tensors or numpy arrays, got {type(x).__name__}")
 
 
-def import_model(model: torch.nn.Module | str | os.PathLike,
+def import_model(model: torch.nn.Module | str | os.PathLike | ExportedProgram,
                  example_inputs: Sequence[Any] | None = None) -> ImportedModel:
-    """A module with example inputs, or the path of a .pt2 file (torch.export.save)."""
+    """A module with example inputs, the path of a .pt2 file (torch.export.save) or an
+    ExportedProgram."""
     if isinstance(model, str | os.PathLike):
         return load_pt2(model)
+    if isinstance(model, ExportedProgram):
+        return from_exported_program(model)
     if example_inputs is None:
         raise ValueError("example_inputs are needed to compile a torch.nn.Module")
     return from_torch(model, example_inputs)
@@ -192,6 +213,7 @@ def tune(
     winograd: bool = True,
     transfer: bool | str | os.PathLike | Sequence[str | os.PathLike] = True,
     cache_flush: bool | None = None,
+    fallback: str = "strict",
 ) -> list:
     """Tune the kernels of `model` for `target` with `trials` measurements in all,
     appending every measurement to `records` (re-running on the same file resumes).
@@ -204,19 +226,26 @@ def tune(
     `cache_flush`: time every call with the kernel's weights flushed from the CPU caches
     (for models whose weights do not fit in cache; keep such records in their own file).
     None: off on CPUs; on CUDA every call starts with a cold L2 unless it is False.
+    `fallback="torch"`: a model with ops tecc cannot import has the tasks of the regions
+    compile(..., fallback="torch") compiles tuned (strict: the error listing the ops).
     Returns the per-task tuning states (their histories and best GFLOP/s)."""
     from tecc.autotune.tune import plot_curves, require_plotting, tune_tasks
-    from tecc.schedules.tasks import extract_tasks
 
+    check_fallback(fallback)
     if plot:  # before tuning: a missing matplotlib found after hours of it is no help
         require_plotting()
     if target_info(target).is_gpu:
         require_gpu(target)
-    timings: dict[str, float] = {}
-    _, partitioned, _, _, info = fused_graph(model, example_inputs, target, 3, None, None,
-                                        timings, winograd)
-    tasks = extract_tasks(partitioned, info.tvm_target)
-    weights = task_weights(partitioned, info.tvm_target, tasks)
+    if fallback == "torch":
+        from tecc.partition import region_graphs
+
+        graphs = region_graphs(model, example_inputs)
+    else:
+        graphs = [(model, example_inputs)]
+    try:
+        tasks, weights = model_tasks(graphs, target, winograd)
+    except UnsupportedOperatorError as err:
+        raise with_fallback_hint(err) from None
     if progress:
         print(f"{len(tasks)} tuning tasks, {trials} trials, tuner {tuner}, records {records}")
         for t, w in zip(tasks, weights, strict=True):
@@ -303,6 +332,27 @@ def retarget(
     return states
 
 
+def model_tasks(graphs: Sequence[tuple[Any, Sequence[Any] | None]], target: str,
+                winograd: bool) -> tuple[list, list[int]]:
+    """The tuning tasks of the models `graphs` (model, example inputs: one model, or the
+    regions of a partitioned one) and their kernel calls, one task per workload."""
+    from tecc.schedules.tasks import extract_tasks, workload_json
+
+    merged: dict[str, Any] = {}
+    calls: dict[str, int] = {}
+    for model, example_inputs in graphs:
+        _, partitioned, _, _, info = fused_graph(model, example_inputs, target, 3, None, None,
+                                                 {}, winograd)
+        tasks = extract_tasks(partitioned, info.tvm_target)
+        for task, weight in zip(tasks, task_weights(partitioned, info.tvm_target, tasks),
+                                strict=True):
+            key = workload_json(task.workload)
+            if key not in merged:  # named as extract_tasks names them, over all graphs
+                merged[key] = dataclasses.replace(task, name=f"{task.template}_{len(merged)}")
+            calls[key] = calls.get(key, 0) + weight
+    return list(merged.values()), [calls[key] for key in merged]
+
+
 def task_weights(partitioned: Function, target: Any, tasks: list) -> list[int]:
     """How many kernel calls of the model run each task's workload."""
     from tecc.schedules.tasks import anchors_of, workload_json
@@ -318,8 +368,25 @@ def task_weights(partitioned: Function, target: Any, tasks: list) -> list[int]:
     return [max(c, 1) for c in counts]
 
 
+FALLBACKS = ("strict", "torch")
+
+
+def check_fallback(fallback: str) -> None:
+    if fallback not in FALLBACKS:
+        raise ValueError(f"fallback={fallback!r}: use 'strict' (an error listing the ops tecc "
+                         "cannot compile) or 'torch' (those ops run in torch)")
+
+
+def with_fallback_hint(err: UnsupportedOperatorError) -> UnsupportedOperatorError:
+    """The strict error with how to run the model anyway."""
+    err.args = (f"{err}\nOr pass fallback=\"torch\" (tecc.compile, tecc.tune; tecc tune "
+                "--fallback torch): those ops then run in torch and the rest is compiled by "
+                "tecc (which cannot be exported as a deployment package).",)
+    return err
+
+
 def compile(  # noqa: A001 - the natural name, as torch.compile
-    model: torch.nn.Module | str | os.PathLike,
+    model: torch.nn.Module | str | os.PathLike | ExportedProgram,
     example_inputs: Sequence[Any] | None = None,
     target: str = "llvm",
     opt_level: int = 3,
@@ -327,7 +394,8 @@ def compile(  # noqa: A001 - the natural name, as torch.compile
     records: RecordsArg = None,
     winograd: bool = True,
     cuda_graph: bool = True,
-) -> CompiledModel:
+    fallback: str = "strict",
+) -> CompiledModel | PartitionedModel:
     """Compile `model` for `target` ("llvm" = this CPU, "llvm:<cpu>", "cuda[:sm_XX]").
 
     opt_level 0 runs no graph optimization (one kernel per op); 3 runs them all.
@@ -337,7 +405,32 @@ def compile(  # noqa: A001 - the natural name, as torch.compile
     else its template's fallback config; one warning lists the untuned workloads.
     `cm.tasks()` tells what each workload got. `winograd=False` keeps every conv
     direct: Winograd's transformed 3x3 kernels are 1.8-4x the size of the originals
-    (ResNet-18's package: 97 MB instead of 47 MB with the direct convs)."""
+    (ResNet-18's package: 97 MB instead of 47 MB with the direct convs).
+    `fallback="strict"`: a model with ops tecc cannot import raises one error listing
+    them all; "torch": such a model is split into regions tecc compiles and ops torch
+    runs (a tecc.partition.PartitionedModel; its `torch_ops` names them), and a model
+    without such ops is compiled as with "strict"."""
+    check_fallback(fallback)
+    if fallback == "torch":
+        from tecc.partition import compile_with_fallback
+
+        return compile_with_fallback(model, example_inputs, target=target,
+                                     opt_level=opt_level, print_after=print_after,
+                                     records=records, winograd=winograd,
+                                     cuda_graph=cuda_graph)
+    try:
+        return compile_strict(model, example_inputs, target, opt_level, print_after, records,
+                              winograd, cuda_graph)
+    except UnsupportedOperatorError as err:
+        raise with_fallback_hint(err) from None
+
+
+def compile_strict(model: torch.nn.Module | str | os.PathLike | ExportedProgram,
+                   example_inputs: Sequence[Any] | None, target: str, opt_level: int,
+                   print_after: Sequence[str] | None, records: RecordsArg, winograd: bool,
+                   cuda_graph: bool, warn_records: bool = True) -> CompiledModel:
+    """compile with fallback="strict"; `warn_records=False` leaves the warning on
+    untuned workloads to the caller (one for all regions of a partitioned model)."""
     timings: dict[str, float] = {}
     imported, partitioned, tuning, trace, info = fused_graph(
         model, example_inputs, target, opt_level, print_after, records, timings, winograd)
@@ -351,8 +444,10 @@ def compile(  # noqa: A001 - the natural name, as torch.compile
     compiled = CompiledModel(imported, partitioned, result, info, timings)
     compiled.passes = [name for name, _ in trace.ran]
     compiled.records_digest = tuning.digest
+    compiled.foreign_records = tuning.foreign_count
     compiled.cuda_graph = cuda_graph
     if tuning.given:
         tuning.warn_outside_space()
-        warn_untuned(compiled.tasks(), tuning.foreign_count)
+        if warn_records:
+            warn_untuned(compiled.tasks(), tuning.foreign_count)
     return compiled

@@ -8,9 +8,12 @@ over is compiled by tecc.compile with its parameters frozen in as constants (Dyn
 passes them as graph inputs; tecc packs and folds weights, so it takes them as they are
 at the first call: a model whose weights change afterwards must be compiled again, as
 with TorchInductor's freezing). Compiled graphs are cached by Dynamo, which recompiles
-for new shapes and dtypes (its guards). A graph tecc cannot
-compile (an unsupported op, a dynamic or data-dependent shape, an input that is no
-tensor) runs in torch, with a warning naming why; graph breaks are Dynamo's.
+for new shapes and dtypes (its guards). A graph with ops tecc cannot import is compiled
+with fallback="torch": tecc compiles its regions of supported ops and those ops run in
+torch between them (tecc.partition; a warning at the first call names them). A graph
+tecc cannot compile otherwise (no region worth compiling, a dynamic or data-dependent
+shape, an input that is no tensor) runs in torch, with a warning naming why; graph
+breaks are Dynamo's.
 """
 
 from __future__ import annotations
@@ -21,50 +24,15 @@ from typing import Any
 
 import torch
 
-from tecc.frontend.importer import ImportError_, UnsupportedOperatorError
-from tecc.frontend.types import IRTypeError
+from tecc.frontend.importer import UnsupportedOperatorError
+from tecc.partition import NOT_COMPILABLE, FrozenInputs, real_tensor
 
-# tecc.compile's errors that mean "this graph is not for tecc": it then runs in torch
-NOT_COMPILABLE = (UnsupportedOperatorError, ImportError_, IRTypeError, NotImplementedError)
 OPTIONS = ("target", "records", "winograd", "opt_level")
-
-class _Frozen(torch.nn.Module):
-    """A Dynamo graph with its static inputs (parameters, and the sizes of a dynamic
-    graph) fixed: torch.export then sees constants, and the other inputs are the
-    model's."""
-
-    def __init__(self, gm: torch.fx.GraphModule, fixed: dict[int, Any], count: int) -> None:
-        super().__init__()
-        self.gm = gm
-        self.count = count
-        self.sizes = {i: v for i, v in fixed.items() if not isinstance(v, torch.Tensor)}
-        self.tensor_slots = sorted(i for i, v in fixed.items() if isinstance(v, torch.Tensor))
-        for i in self.tensor_slots:
-            self.register_buffer(f"static_{i}", fixed[i].detach(), persistent=False)
-
-    def forward(self, *given: torch.Tensor) -> Any:
-        rest = iter(given)
-        args = [self.sizes[i] if i in self.sizes else
-                getattr(self, f"static_{i}") if i in self.tensor_slots else next(rest)
-                for i in range(self.count)]
-        return self.gm(*args)
 
 
 def _is_static(x: Any) -> bool:
     return isinstance(x, torch.nn.Parameter) or getattr(x, "_dynamo_static_input_type",
                                                         None) is not None
-
-
-def _real(x: torch.Tensor) -> torch.Tensor:
-    """A real tensor like `x` (Dynamo may hand over fake ones): tecc needs shapes and
-    dtypes only, and random values that are never all zeros."""
-    from torch._subclasses.fake_tensor import FakeTensor
-
-    if not isinstance(x, FakeTensor):
-        return x
-    if x.dtype.is_floating_point:
-        return torch.randn(tuple(x.shape), dtype=x.dtype)
-    return torch.ones(tuple(x.shape), dtype=x.dtype)
 
 
 def _compile(gm: torch.fx.GraphModule, inputs: Sequence[Any], fixed: dict[int, Any],
@@ -74,9 +42,12 @@ def _compile(gm: torch.fx.GraphModule, inputs: Sequence[Any], fixed: dict[int, A
     import tecc
 
     given = [i for i in range(len(inputs)) if i not in fixed]
-    module = _Frozen(gm, fixed, len(inputs)).eval()
+    module = FrozenInputs(gm, fixed, len(inputs)).eval()
     try:
-        compiled = tecc.compile(module, tuple(_real(inputs[i]) for i in given), **options)
+        compiled = tecc.compile(module, tuple(real_tensor(inputs[i]) for i in given),
+                                fallback="torch", **options)
+        if not getattr(compiled, "regions", True):  # partitioned, and nothing compiled
+            raise UnsupportedOperatorError(compiled.partitioning.unsupported)
     except NOT_COMPILABLE as err:
         if isinstance(err, UnsupportedOperatorError):
             first = f"tecc cannot import {', '.join(sorted(err.unsupported))}"
@@ -89,7 +60,8 @@ def _compile(gm: torch.fx.GraphModule, inputs: Sequence[Any], fixed: dict[int, A
     def run(*args: Any) -> Any:
         return compiled(*[args[i] for i in given])
 
-    run.compiled = True  # type: ignore[attr-defined]
+    # True, or "partitioned": a graph with ops tecc cannot import, compiled in regions
+    run.compiled = "partitioned" if compiled.torch_ops else True  # type: ignore[attr-defined]
     return run
 
 

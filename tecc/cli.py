@@ -78,6 +78,7 @@ def _retarget(args: argparse.Namespace, model_spec: str, foreign: list[str] | No
 def cmd_tune(args: argparse.Namespace) -> int:
     import tecc
     from tecc.autotune.records import RecordsBusyError
+    from tecc.frontend.importer import UnsupportedOperatorError
     from tecc.runtime.cuda import CudaError
 
     if args.retarget:
@@ -90,8 +91,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
                            verify_top=args.verify_top, verify_rounds=args.verify_rounds,
                            winograd=not args.no_winograd,
                            transfer=False if args.no_transfer else (args.transfer or True),
-                           cache_flush=args.cache_flush)
-    except (RecordsBusyError, CudaError) as err:
+                           cache_flush=args.cache_flush, fallback=args.fallback)
+    except (RecordsBusyError, CudaError, UnsupportedOperatorError) as err:
         raise SystemExit(f"tecc tune: {err}") from None
     print(f"{'task':28s} {'calls':>5s} {'trials':>6s} {'best GFLOP/s':>12s}")
     for s in states:
@@ -264,6 +265,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="time kernels with their weights flushed from the caches, as in a "
                         "model whose weights do not fit in cache (default: on for cuda, "
                         "where L2 is overwritten before every call; off for CPUs)")
+    p.add_argument("--fallback", choices=["strict", "torch"], default="strict",
+                   help="torch: a model with ops tecc cannot import has the kernels of its "
+                   "compiled regions tuned (as tecc.compile(..., fallback='torch') builds it)")
     p.add_argument("--retarget", action="store_true",
                    help="instead of tuning, measure here the best configs of the records "
                         "of other machines (--records and --transfer files), a few minutes")

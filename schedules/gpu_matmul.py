@@ -49,6 +49,19 @@ def _contiguous_axis(sch: Schedule, block: Any, index: int) -> str | None:
     return "s" if "s" in used else "k" if used else None
 
 
+def _by_thread(tile_x: int, tile_k: int, inner_is_x: bool, per_step: int) -> Any:
+    """The index map of a register-staged operand (s, x, k) -> (s, tile of x, tile of
+    k, step, lane): the cooperative load's flat position in its tile split into its
+    steps and the lanes of one step, so that each thread's values compact to a dense
+    (steps, vector) array, i.e. registers."""
+    def index(s: Any, x: Any, kk: Any) -> tuple[Any, ...]:
+        xi, ki = x % tile_x, kk % tile_k
+        flat = ki * tile_x + xi if inner_is_x else xi * tile_k + ki
+        return s, x // tile_x, kk // tile_k, flat // per_step, flat % per_step
+
+    return index
+
+
 def schedule_simt_matmul(func: tirx.PrimFunc, tile: tuple[int, ...], block_k: int,
                          vector: int, unroll: int, pipeline: str) -> Schedule | None:
     """The schedule described in the module docstring, or None when `func` holds no
@@ -111,21 +124,38 @@ def schedule_simt_matmul(func: tirx.PrimFunc, tile: tuple[int, ...], block_k: in
         sch.transform_layout(fetch, ("write", 0), lambda s, x, kk: (s, kk, x))
         s_loop, x_loop, k_loop = sch.get_loops(fetch)[-3:]
         inner = x_loop if axis == "s" else k_loop  # the global unit-stride axis
-        outer = k_loop if inner is x_loop else x_loop
-        sch.reorder(s_loop, outer, inner)
         # 128-bit loads where the unit-stride axis has whole vectors, without padding
         tile_x, size_x = (block_m, size_m) if operand == "i" else (block_n, size_n)
         along = (tile_x, size_x) if inner is x_loop else (block_k, size_k)
         width = vector if (along[0] % vector == 0 and along[1] % vector == 0
                            and tile_x * block_k % (threads * vector) == 0) else 1
-        fused = sch.fuse(s_loop, outer, inner)
-        _, ty, tx, vec = sch.split(fused, [None, tm, tn, width])
-        sch.bind(ty, "threadIdx.y")
-        sch.bind(tx, "threadIdx.x")
-        if width > 1:
-            sch.vectorize(vec)
+        staged = None
+        if pipeline == "double":
+            # Register staging: the next tile's global loads go to registers before
+            # this tile's FMAs and reach shared memory after them (the pipeline's
+            # order below), so their latency hides behind a whole k step.
+            staged = sch.cache_read(fetch, 0, "local")
+            sch.compute_at(staged, ko, preserve_unit_loops=True)
+            # each thread's values in a dense (steps, vector) array: registers
+            sch.transform_layout(staged, ("write", 0), _by_thread(
+                tile_x, block_k, inner is x_loop, threads * width))
+        for block, is_staged in ([(staged, True)] if staged is not None else []) + [
+                (fetch, False)]:
+            s_loop, x_loop, k_loop = sch.get_loops(block)[-3:]
+            if is_staged:
+                inner, outer = (x_loop, k_loop) if axis == "s" else (k_loop, x_loop)
+            else:
+                inner = x_loop if axis == "s" else k_loop
+                outer = k_loop if inner is x_loop else x_loop
+            sch.reorder(s_loop, outer, inner)
+            fused = sch.fuse(s_loop, outer, inner)
+            _, ty, tx, vec = sch.split(fused, [None, tm, tn, width])
+            sch.bind(ty, "threadIdx.y")
+            sch.bind(tx, "threadIdx.x")
+            if width > 1:
+                sch.vectorize(vec)
         sch.storage_align(fetch, 0, axis=1, factor=32, offset=4)
-        fetches.append(fetch)
+        fetches.append(staged if staged is not None else fetch)  # reads the operand
         # the fragment of this k in registers
         fragment = sch.cache_read(main, index, "local")
         sch.compute_at(fragment, ki, preserve_unit_loops=True)
@@ -139,7 +169,15 @@ def schedule_simt_matmul(func: tirx.PrimFunc, tile: tuple[int, ...], block_k: in
         auto_inline_producers(sch, fetch)
     auto_inline_consumer_chain(sch, accumulate)
     sch.decompose_reduction(main, ko)
-    if pipeline != "none":
+    # the whole k step unrolled: fragment loads at constant shared offsets, no loop
+    # counter between the FMA blocks (auto-unroll stops at the register tile)
+    sch.unroll(ki)
+    if pipeline == "double":
+        # ko's body: A to registers, A to shared, B to registers, B to shared, FMAs;
+        # run as loads (k + 1), FMAs (k), stores (k + 1) into the other buffer
+        sch.annotate(ko, "software_pipeline_stage", [0, 0, 0, 0, 1])
+        sch.annotate(ko, "software_pipeline_order", [0, 3, 1, 4, 2])
+    elif pipeline != "none":
         sch.annotate(ko, "software_pipeline_stage", [0, 0, 1])
         sch.annotate(ko, "software_pipeline_order", [0, 1, 2])
         if pipeline == "async":

@@ -53,8 +53,9 @@ TILES: tuple[tuple[int, int, int, int, int, int], ...] = (
 WAVES = ((1.8, 64 * 64), (0.9, 0))
 RULES = ("simt", "tiled", "gemv", "low_batch_gemv")
 # How the simt rule's k loop stages its tiles through shared memory: "none" (load,
-# sync, compute, sync) or "double" (two buffers: the next tile's loads are issued
-# before this tile's compute, one sync per step). TVM's cp.async path does not take
+# sync, compute, sync) or "double" (register double buffering: the next tile's global
+# loads go to registers before this tile's FMAs and are stored to shared memory after
+# them, so their latency hides behind a whole k step). TVM's cp.async path does not take
 # the k-major (transposed) store of A: it fails to build or faults with a misaligned
 # address on the H200, so it is not offered.
 PIPELINES = ("none", "double")
@@ -125,22 +126,33 @@ KERNEL_FEATURES = ("blocks", "threads", "block_m", "block_n", "k_steps", "shared
                    "vector_bytes", "unroll", "double_buffered", "dlight_rule")
 
 
-def shared_bytes(tile: tuple[int, ...], micro_k: int, double: bool) -> int:
+def shared_bytes(tile: tuple[int, ...], micro_k: int) -> int:
     """Shared memory of a simt block: the k-major A and B tiles, whose rows
-    gpu_matmul.py aligns to 32 floats plus 4 (storage_align, against bank conflicts),
-    twice when double-buffered."""
+    gpu_matmul.py aligns to 32 floats plus 4 (storage_align, against bank conflicts);
+    double buffering stages the next tile in registers, not in a second tile."""
     def row(extent: int) -> int:
         return -(-extent // 32) * 32 + 4
 
     bm, bn = tile_shape(tile)
-    return (row(bm) + row(bn)) * micro_k * 4 * (2 if double else 1)
+    return (row(bm) + row(bn)) * micro_k * 4
+
+
+def staged_registers(tile: tuple[int, ...], micro_k: int, double: bool) -> int:
+    """Registers per thread that hold the next k step's A and B values when
+    register double-buffered (a thread's share of both tiles), else 0."""
+    if not double:
+        return 0
+    tm, tn = tile[0], tile[1]
+    bm, bn = tile_shape(tile)
+    return -(-(bm + bn) * micro_k // (tm * tn))
 
 
 def kernel_features(workload: dict[str, Any], config: dict[str, Any],
                     info: Any) -> dict[str, float]:
     """What decides a matmul-rule kernel's speed, from the workload and the config
     without scheduling it: its grid and block, shared memory and an estimate of
-    registers per thread (accumulators, fragments and ~24 for addresses), occupancy by
+    registers per thread (accumulators, fragments, the staged next k step and ~24 for
+    addresses), occupancy by
     the multiprocessor's thread, block, shared-memory and register limits, waves of
     blocks over the multiprocessors, bytes staged per k step and in all, arithmetic
     intensity, padding. The dlight rules (gemv, tiled) fix some of these themselves;
@@ -154,8 +166,9 @@ def kernel_features(workload: dict[str, Any], config: dict[str, Any],
     threads = tm * tn
     blocks = grid_blocks(tile, batch, m, n)
     k_steps = -(-k // micro_k)
-    shared = shared_bytes(tile, micro_k, double)
-    registers = vm * vn * mm * mn + vm * mm + vn * mn + 24
+    shared = shared_bytes(tile, micro_k)
+    registers = (vm * vn * mm * mn + vm * mm + vn * mn + 24
+                 + staged_registers(tile, micro_k, double))
     smem_sm = info.max_shared_memory_per_sm or 228 * 1024
     per_sm = min(BLOCKS_PER_SM, THREADS_PER_SM // threads, smem_sm // max(shared, 1),
                  REGISTERS_PER_SM // (threads * min(registers, 255)))
@@ -227,7 +240,7 @@ class GpuMatmulTemplate(Template):
             # (H200: 49x512x4608 4.3 TFLOP/s against 2.6, 128x768x768 7.8 against 5.8).
             smem = info.max_shared_memory_per_block or 49152
             micro_k, pipeline = 64 if k >= 1024 else 32, "double"
-            while micro_k > 16 and shared_bytes(tile, micro_k, True) > smem:
+            while micro_k > 16 and shared_bytes(tile, micro_k) > smem:
                 micro_k //= 2
         return space.from_json({"rule": rule, "tile": tile_name(tile), "micro_k": micro_k,
                                 "vector": vector, "unroll": 256, "pipeline": pipeline})
@@ -246,7 +259,7 @@ class GpuMatmulTemplate(Template):
                 result = None
             if rule == "simt":
                 tile = tuple(int(v) for v in config["tile"].split(","))
-                shared = shared_bytes(tile, config["micro_k"], config["pipeline"] == "double")
+                shared = shared_bytes(tile, config["micro_k"])
                 limit = target_info(ctx.target).max_shared_memory_per_block or 49152
                 if shared > limit:  # refused here, not after nvcc
                     raise ValueError(f"the tile needs {shared} bytes of shared memory; "

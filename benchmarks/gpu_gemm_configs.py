@@ -77,7 +77,6 @@ def ranked_configs(workload: dict[str, Any], count: int) -> list[dict[str, Any]]
         PIPELINES,
         TILES,
         kernel_features,
-        shared_bytes,
         tile_name,
     )
 
@@ -88,10 +87,10 @@ def ranked_configs(workload: dict[str, Any], count: int) -> list[dict[str, Any]]
     sms = info.multiprocessors or 132
     scored = []
     for tile, micro_k, pipeline in itertools.product(TILES, MICRO_K, PIPELINES):
-        if shared_bytes(tile, micro_k) > limit:
-            continue
         config = {"rule": "simt", "tile": tile_name(tile), "micro_k": micro_k, "vector": 4,
                   "unroll": 256, "pipeline": pipeline}
+        if kernel_features(workload, config, info)["shared_bytes"] > limit:
+            continue
         f = kernel_features(workload, config, info)
         _, _, vm, vn, mm, mn = tile
         bm, bn = f["block_m"], f["block_n"]

@@ -116,21 +116,34 @@ def schedule_simt_matmul(func: tirx.PrimFunc, tile: tuple[int, ...], block_k: in
     sch.reverse_compute_at(accumulate, tj, preserve_unit_loops=True)
 
     threads = tm * tn
+
+    def load_width(axis: str | None, operand: str) -> int:
+        # 128-bit loads where the unit-stride axis has whole vectors, without padding
+        tile_x, size_x = (block_m, size_m) if operand == "i" else (block_n, size_n)
+        along = (tile_x, size_x) if axis == "s" else (block_k, size_k)
+        return vector if (along[0] % vector == 0 and along[1] % vector == 0
+                          and tile_x * block_k % (threads * vector) == 0) else 1
+
+    operands = ((a_axis, "i"), (b_axis, "j"))
+    widths = [load_width(axis, operand) for axis, operand in operands]
+    # Register staging needs each thread's staged values at indices nvcc can keep in
+    # registers: the vectorized plain loads give that; a gather (conv's im2col, a
+    # padded edge) would leave the staging array in local memory (measured on the
+    # H200: ResNet-18's 512x7x7 conv at batch 16 at half the speed), so it keeps
+    # the two-buffer pipeline.
+    stage = pipeline == "double" and min(widths) > 1
     fetches = []
-    for index, (axis, operand) in enumerate(((a_axis, "i"), (b_axis, "j"))):
+    for index, (axis, operand) in enumerate(operands):
         fetch = sch.cache_read(main, index, "shared")
         sch.compute_at(fetch, ko, preserve_unit_loops=True)
         # k-major in shared memory: a thread's fragment along i (or j) is contiguous
         sch.transform_layout(fetch, ("write", 0), lambda s, x, kk: (s, kk, x))
         s_loop, x_loop, k_loop = sch.get_loops(fetch)[-3:]
         inner = x_loop if axis == "s" else k_loop  # the global unit-stride axis
-        # 128-bit loads where the unit-stride axis has whole vectors, without padding
-        tile_x, size_x = (block_m, size_m) if operand == "i" else (block_n, size_n)
-        along = (tile_x, size_x) if inner is x_loop else (block_k, size_k)
-        width = vector if (along[0] % vector == 0 and along[1] % vector == 0
-                           and tile_x * block_k % (threads * vector) == 0) else 1
+        tile_x = block_m if operand == "i" else block_n
+        width = widths[index]
         staged = None
-        if pipeline == "double":
+        if stage:
             # Register staging: the next tile's global loads go to registers before
             # this tile's FMAs and reach shared memory after them (the pipeline's
             # order below), so their latency hides behind a whole k step.
@@ -172,9 +185,9 @@ def schedule_simt_matmul(func: tirx.PrimFunc, tile: tuple[int, ...], block_k: in
     # the whole k step unrolled: fragment loads at constant shared offsets, no loop
     # counter between the FMA blocks (auto-unroll stops at the register tile)
     sch.unroll(ki)
-    if pipeline == "double":
+    if stage:
         # ko's body: A to registers, A to shared, B to registers, B to shared, FMAs;
-        # run as loads (k + 1), FMAs (k), stores (k + 1) into the other buffer
+        # run as loads (k + 1), FMAs (k), stores (k + 1): one shared tile, two syncs
         sch.annotate(ko, "software_pipeline_stage", [0, 0, 0, 0, 1])
         sch.annotate(ko, "software_pipeline_order", [0, 3, 1, 4, 2])
     elif pipeline != "none":

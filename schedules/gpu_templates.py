@@ -126,15 +126,34 @@ KERNEL_FEATURES = ("blocks", "threads", "block_m", "block_n", "k_steps", "shared
                    "vector_bytes", "unroll", "double_buffered", "dlight_rule")
 
 
-def shared_bytes(tile: tuple[int, ...], micro_k: int) -> int:
+def shared_bytes(tile: tuple[int, ...], micro_k: int, two_tiles: bool) -> int:
     """Shared memory of a simt block: the k-major A and B tiles, whose rows
-    gpu_matmul.py aligns to 32 floats plus 4 (storage_align, against bank conflicts);
-    double buffering stages the next tile in registers, not in a second tile."""
+    gpu_matmul.py aligns to 32 floats plus 4 (storage_align, against bank conflicts),
+    twice when double-buffered in shared memory (`two_tiles`: not register_staged)."""
     def row(extent: int) -> int:
         return -(-extent // 32) * 32 + 4
 
     bm, bn = tile_shape(tile)
-    return (row(bm) + row(bn)) * micro_k * 4
+    return (row(bm) + row(bn)) * micro_k * 4 * (2 if two_tiles else 1)
+
+
+def register_staged(workload: dict[str, Any], config: dict[str, Any]) -> bool:
+    """Whether gpu_matmul.py double-buffers `config` in registers (one shared tile):
+    pipeline "double" where both operands load in whole vectors; a conv's im2col
+    gather never does (it keeps two shared tiles)."""
+    if config["pipeline"] != "double" or config["rule"] != "simt" or "kernel" in workload:
+        return False
+    vector = int(config["vector"])
+    _, _, n, k = workload_dims(workload)
+    tile = tuple(int(v) for v in str(config["tile"]).split(","))
+    bm, bn = tile_shape(tile)
+    per_step = tile[0] * tile[1] * vector
+    micro_k = int(config["micro_k"])
+    # A (x[..., K]) loads along k; B along k for w[N, K] (dense, transpose_b), else n
+    b_along_k = workload.get("template") == "dense" or workload.get("attrs", {}).get(
+        "transpose_b", False)
+    return (vector > 1 and k % vector == 0 and (b_along_k or n % vector == 0)
+            and bm * micro_k % per_step == 0 and bn * micro_k % per_step == 0)
 
 
 def staged_registers(tile: tuple[int, ...], micro_k: int, double: bool) -> int:
@@ -166,9 +185,10 @@ def kernel_features(workload: dict[str, Any], config: dict[str, Any],
     threads = tm * tn
     blocks = grid_blocks(tile, batch, m, n)
     k_steps = -(-k // micro_k)
-    shared = shared_bytes(tile, micro_k)
+    staged = register_staged(workload, config)
+    shared = shared_bytes(tile, micro_k, double and not staged)
     registers = (vm * vn * mm * mn + vm * mm + vn * mn + 24
-                 + staged_registers(tile, micro_k, double))
+                 + staged_registers(tile, micro_k, staged))
     smem_sm = info.max_shared_memory_per_sm or 228 * 1024
     per_sm = min(BLOCKS_PER_SM, THREADS_PER_SM // threads, smem_sm // max(shared, 1),
                  REGISTERS_PER_SM // (threads * min(registers, 255)))
@@ -240,7 +260,10 @@ class GpuMatmulTemplate(Template):
             # (H200: 49x512x4608 4.3 TFLOP/s against 2.6, 128x768x768 7.8 against 5.8).
             smem = info.max_shared_memory_per_block or 49152
             micro_k, pipeline = 64 if k >= 1024 else 32, "double"
-            while micro_k > 16 and shared_bytes(tile, micro_k) > smem:
+            two_tiles = not register_staged(ctx.workload or {}, {
+                "rule": rule, "tile": tile_name(tile), "micro_k": micro_k,
+                "vector": vector, "pipeline": pipeline})
+            while micro_k > 16 and shared_bytes(tile, micro_k, two_tiles) > smem:
                 micro_k //= 2
         return space.from_json({"rule": rule, "tile": tile_name(tile), "micro_k": micro_k,
                                 "vector": vector, "unroll": 256, "pipeline": pipeline})
@@ -259,7 +282,9 @@ class GpuMatmulTemplate(Template):
                 result = None
             if rule == "simt":
                 tile = tuple(int(v) for v in config["tile"].split(","))
-                shared = shared_bytes(tile, config["micro_k"])
+                double = config["pipeline"] == "double"
+                shared = shared_bytes(tile, config["micro_k"], double and not register_staged(
+                    ctx.workload or {}, config))
                 limit = target_info(ctx.target).max_shared_memory_per_block or 49152
                 if shared > limit:  # refused here, not after nvcc
                     raise ValueError(f"the tile needs {shared} bytes of shared memory; "

@@ -80,6 +80,9 @@ def schedule_simt_matmul(func: tirx.PrimFunc, tile: tuple[int, ...], block_k: in
     # Memory contiguity of the operands, read before normalization renames them.
     a_axis = _contiguous_axis(sch, main, 0)
     b_axis = _contiguous_axis(sch, main, 1)
+    # whether each operand is read at its loop indices as they are (no im2col gather)
+    plain = all(isinstance(r.min, tirx.Var | tirx.IntImm)
+                for read in sch.get(main).reads[:2] for r in read.region)
 
     reindex_a = sch.reindex(main, ("read", 0))
     reindex_b = sch.reindex(main, ("read", 1))
@@ -127,11 +130,11 @@ def schedule_simt_matmul(func: tirx.PrimFunc, tile: tuple[int, ...], block_k: in
     operands = ((a_axis, "i"), (b_axis, "j"))
     widths = [load_width(axis, operand) for axis, operand in operands]
     # Register staging needs each thread's staged values at indices nvcc can keep in
-    # registers: the vectorized plain loads give that; a gather (conv's im2col, a
-    # padded edge) would leave the staging array in local memory (measured on the
+    # registers: vectorized plain loads give that; a gather (conv's im2col) or an
+    # unvectorized edge would leave the staging array in local memory (measured on the
     # H200: ResNet-18's 512x7x7 conv at batch 16 at half the speed), so it keeps
     # the two-buffer pipeline.
-    stage = pipeline == "double" and min(widths) > 1
+    stage = pipeline == "double" and plain and min(widths) > 1
     fetches = []
     for index, (axis, operand) in enumerate(operands):
         fetch = sch.cache_read(main, index, "shared")

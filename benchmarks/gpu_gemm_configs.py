@@ -1,9 +1,15 @@
-"""Configs of the GPU matmul template on a few GEMM shapes (fp32, m x k @ k x n, TF32
-off), against cuBLAS: which config the fallback should pick. Builds in parallel on
-every core, times each kernel with TVM's time_evaluator; prints GFLOP/s per config
-and writes the table to results/gpu_gemm_configs.md.
+"""Configs of the GPU matmul and implicit-GEMM conv templates on the shapes that
+matter (fp32, TF32 off), against cuBLAS / cuDNN through torch: GEMM 1024^3 and
+4096^3, BERT-base's batch-16 dense (2048 x 3072 -> 768), ResNet-18's 3x3 convs
+(512x7x7, 256x14x14, 128x28x28) at batch 16 and 1. Per workload: the template's
+fallback and the most promising simt configs (ranked by the template's kernel
+features, see `ranked_configs`). Builds in parallel on every core, times each kernel
+with TVM's time_evaluator in a child process (a faulting kernel kills only that
+process), checks it against torch on the GPU, prints TFLOP/s per config and writes
+the table to results/gpu_gemm_configs.md.
 
-    python benchmarks/gpu_gemm_configs.py [--shapes 1024x1024x1024,128x768x768]
+    python benchmarks/gpu_gemm_configs.py [--only gemm_1024,conv_512x7_b16] [--configs 20]
+    python benchmarks/gpu_gemm_configs.py --dry-run   # build every kernel only (no GPU)
 """
 
 from __future__ import annotations
@@ -15,60 +21,200 @@ import multiprocessing
 import os
 import sys
 import tempfile
+import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
-import torch
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import write_table  # noqa: E402
 
-SHAPES = "1024x1024x1024,2048x768x3072,128x768x768,49x512x4608"
+TARGET = "cuda:sm_90"
 
 
-def configs() -> list[dict]:
-    from tecc.schedules.gpu_templates import PIPELINES, TILES, tile_name
-
-    found = []
-    for tile, micro_k, pipeline in itertools.product(TILES, (16, 64), PIPELINES):
-        found.append({"rule": "simt", "tile": tile_name(tile), "micro_k": micro_k,
-                      "vector": 4, "unroll": 256, "pipeline": pipeline})
-    for tile in TILES[:4]:  # dlight's rule, for comparison
-        found.append({"rule": "tiled", "tile": tile_name(tile), "micro_k": 16,
-                      "vector": 4, "unroll": 256, "pipeline": "none"})
-    return found
+def _conv(n: int, c: int, hw: int) -> dict[str, Any]:
+    return {"template": "conv2d", "data": [n, c, hw, hw], "kernel": [c, c, 3, 3],
+            "dtype": "float32", "strides": [1, 1], "padding": [1, 1, 1, 1],
+            "dilation": [1, 1], "groups": 1}
 
 
-def _build(job: tuple[int, int, int, dict | None, str]) -> tuple[str, str | None]:
+def _matmul(m: int, n: int, k: int) -> dict[str, Any]:
+    return {"template": "matmul", "inputs": [[[m, k], "float32"], [[k, n], "float32"]],
+            "attrs": {}}
+
+
+WORKLOADS: dict[str, dict[str, Any]] = {
+    "gemm_1024": _matmul(1024, 1024, 1024),
+    "gemm_4096": _matmul(4096, 4096, 4096),
+    # x[2048, 3072] @ w[768, 3072].T: BERT-base's FFN output dense at batch 16, seq 128
+    "bert_dense_b16": {"template": "dense", "attrs": {},
+                       "inputs": [[[2048, 3072], "float32"], [[768, 3072], "float32"]]},
+    **{f"conv_{c}x{hw}_b{n}": _conv(n, c, hw)
+       for n in (16, 1) for c, hw in ((512, 7), (256, 14), (128, 28))},
+}
+
+
+def flops(workload: dict[str, Any]) -> int:
+    from tecc.schedules.gpu_templates import workload_dims
+
+    batch, m, n, k = workload_dims(workload)
+    return 2 * batch * m * n * k
+
+
+def ranked_configs(workload: dict[str, Any], count: int) -> list[dict[str, Any]]:
+    """The `count` simt configs (vector 4, unroll 256) that an estimate from the
+    template's kernel features ranks first: time ~ waves x blocks resident per
+    multiprocessor x block tile area / efficiency, where the efficiency counts FMAs
+    per shared load of the register tile (8x8 best), warps to hide latency (8 per
+    multiprocessor), the block tile's reuse of what it loads, and, on long k loops,
+    whether the next step's loads are in flight (register double buffering), and the
+    syncs of each k step."""
+    from tecc.schedules.gpu_templates import (
+        MICRO_K,
+        PIPELINES,
+        TILES,
+        kernel_features,
+        tile_name,
+    )
+
+    from tecc.target import target_info
+
+    info = target_info(TARGET)
+    limit = info.max_shared_memory_per_block or 49152
+    sms = info.multiprocessors or 132
+    scored = []
+    for tile, micro_k, pipeline in itertools.product(TILES, MICRO_K, PIPELINES):
+        config = {"rule": "simt", "tile": tile_name(tile), "micro_k": micro_k, "vector": 4,
+                  "unroll": 256, "pipeline": pipeline}
+        if kernel_features(workload, config, info)["shared_bytes"] > limit:
+            continue
+        f = kernel_features(workload, config, info)
+        _, _, vm, vn, mm, mn = tile
+        bm, bn = f["block_m"], f["block_n"]
+        resident = min(f["blocks_per_sm"], -(-f["blocks"] // sms))
+        waves = -(-f["blocks"] // (sms * f["blocks_per_sm"]))
+        fma_per_load = min(1.0, vm * mm * vn * mn / (vm * mm + vn * mn) / 4)
+        warps = min(1.0, resident * f["threads"] / 32 / 8)
+        reuse = min(1.0, bm * bn / (bm + bn) / 16)
+        overlap = 1.0 if pipeline == "double" or f["k_steps"] < 16 else 0.85
+        # a short loop barely overlaps; each step pays its syncs (~4 FMA rows' worth)
+        steps = (1.0 if f["k_steps"] >= 8 else 0.9) * micro_k / (micro_k + 4)
+        time = waves * resident * bm * bn / (fma_per_load * warps * reuse * overlap * steps)
+        scored.append((time, config))
+    scored.sort(key=lambda s: s[0])
+    return [c for _, c in scored[:count]]
+
+
+def _build(job: tuple[str, dict | None, str]) -> tuple[str, str | None]:
     """Build one kernel into `path` (None: the template's fallback); the error if any."""
     import tvm
+    from tecc.schedules.tasks import task_from_workload
 
     from tecc.cuda_toolchain import compile_cuda
-    from tests.util import lowered_matmul
 
-    m, n, k, config, path = job
+    name, config, path = job
     try:
-        prim, _, info = lowered_matmul(torch.randn(m, k), torch.randn(k, n), "cuda", config)
-        compile_cuda(tvm.IRModule({"mm": prim}), info.tvm_target).export_library(path)
+        task = task_from_workload(WORKLOADS[name], TARGET, name="k")
+        prim = task.build_primfunc(config if config is not None else task.fallback_config())
+        compile_cuda(tvm.IRModule({"k": prim}), task.tvm_target).export_library(path)
         return path, None
     except Exception as err:  # noqa: BLE001 - reported in the table
         return path, f"{type(err).__name__}: {str(err).splitlines()[-1][:120]}"
 
 
-def cublas_gflops(m: int, n: int, k: int) -> float:
-    torch.backends.cuda.matmul.allow_tf32 = False
-    a, b = torch.randn(m, k, device="cuda"), torch.randn(k, n, device="cuda")
-    for _ in range(3):
-        a @ b
+def _torch_case(workload: dict[str, Any], seed: int = 0):
+    """(inputs, the torch function on them) on the GPU."""
+    import torch
+
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    if "kernel" in workload:
+        x = torch.randn(*workload["data"], device="cuda", generator=gen)
+        w = torch.randn(*workload["kernel"], device="cuda", generator=gen)
+        return [x, w], lambda: torch.nn.functional.conv2d(
+            x, w, stride=workload["strides"], padding=workload["padding"][:2])
+    (a_shape, _), (b_shape, _) = workload["inputs"]
+    a = torch.randn(*a_shape, device="cuda", generator=gen)
+    b = torch.randn(*b_shape, device="cuda", generator=gen)
+    if workload["template"] == "dense":
+        return [a, b], lambda: a @ b.T
+    return [a, b], lambda: a @ b
+
+
+def _time_workload(name: str, paths: list[str], out: str) -> None:
+    """In a child process: time each built kernel, one JSON line per kernel in `out`
+    written before the next starts (a kernel that faults kills only this process)."""
+    import torch
+    import tvm
+
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    dev = tvm.cuda(0)
+    inputs, ref = _torch_case(WORKLOADS[name])
+    want = ref()
+    args = [tvm.runtime.from_dlpack(x) for x in inputs]
+    got = torch.empty_like(want)
+    args.append(tvm.runtime.from_dlpack(got))
+    with open(out, "a") as f:
+        for path in paths:
+            f.write(json.dumps({"path": path, "started": True}) + "\n")
+            f.flush()
+            got.zero_()
+            lib = tvm.runtime.load_module(path)
+            seconds = float(np.median(lib.time_evaluator("k", dev, number=10, repeat=7)(
+                *args).results))
+            err = float((got - want).abs().max() / want.abs().max())
+            f.write(json.dumps({"path": path, "seconds": seconds, "err": err}) + "\n")
+            f.flush()
+
+
+def torch_seconds(name: str) -> float:
+    """cuBLAS / cuDNN through torch, TF32 off: median of CUDA-event timings."""
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cudnn.benchmark = True
+    _, ref = _torch_case(WORKLOADS[name])
+    for _ in range(5):
+        ref()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(50):
-        a @ b
-    end.record()
-    torch.cuda.synchronize()
-    return 2 * m * n * k / (start.elapsed_time(end) / 50 * 1e-3) / 1e9
+    times = []
+    for _ in range(7):
+        start.record()
+        for _ in range(10):
+            ref()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 10 * 1e-3)
+    return float(np.median(times))
+
+
+def measure(name: str, jobs: list, errors: dict, log: Path) -> dict[str, float]:
+    """Seconds per built kernel's path; a kernel that crashes its process is reported
+    as such and the others are timed in a fresh process."""
+    done: dict[str, float] = {}
+    built = [j[2] for j in jobs if errors[j[2]] is None]
+    while True:
+        todo = [p for p in built if p not in done]
+        if not todo:
+            break
+        child = multiprocessing.get_context("spawn").Process(
+            target=_time_workload, args=(name, todo, str(log)))
+        child.start()
+        child.join()
+        started = None
+        for line in log.read_text().splitlines():
+            entry = json.loads(line)
+            if "seconds" in entry:
+                done[entry["path"]] = entry["seconds"]
+                errors[entry["path"]] = f"rel err {entry['err']:.1e}"
+            else:
+                started = entry["path"]
+        if child.exitcode != 0 and started is not None and started not in done:
+            done[started] = float("inf")
+            errors[started] = f"crashed the process (exit {child.exitcode})"
+    return done
 
 
 def config_name(config: dict | None) -> str:
@@ -77,80 +223,56 @@ def config_name(config: dict | None) -> str:
     return f"{config['rule']} {config['tile']} k{config['micro_k']} {config['pipeline']}"
 
 
-def _time_shape(m: int, n: int, k: int, paths: list[str], out: str) -> None:
-    """In a child process: time each built kernel, one JSON line per kernel in `out`
-    written before the next starts (a kernel that faults kills only this process)."""
-    import tvm
-
-    dev = tvm.cuda(0)
-    a, b = np.random.randn(m, k).astype("float32"), np.random.randn(k, n).astype("float32")
-    want = a.astype("float64") @ b.astype("float64")
-    args = [tvm.runtime.tensor(a, dev), tvm.runtime.tensor(b, dev),
-            tvm.runtime.empty((m, n), "float32", dev)]
-    with open(out, "a") as f:
-        for path in paths:
-            f.write(json.dumps({"path": path, "started": True}) + "\n")
-            f.flush()
-            lib = tvm.runtime.load_module(path)
-            seconds = float(np.median(lib.time_evaluator("mm", dev, number=20, repeat=5)(
-                *args).results))
-            err = float(np.abs(args[2].numpy() - want).max() / np.abs(want).max())
-            f.write(json.dumps({"path": path, "seconds": seconds, "err": err}) + "\n")
-            f.flush()
-
-
-def measure_shape(m: int, n: int, k: int, jobs: list, errors: dict, log: Path) -> list:
-    """(GFLOP/s, config name, note) per job; a kernel that crashes its process is
-    reported as such and the others are timed in a fresh process."""
-    done: dict[str, str | float] = {}
-    built = [j[4] for j in jobs if errors[j[4]] is None]
-    while True:
-        todo = [p for p in built if p not in done]
-        if not todo:
-            break
-        child = multiprocessing.get_context("spawn").Process(
-            target=_time_shape, args=(m, n, k, todo, str(log)))
-        child.start()
-        child.join()
-        started = None
-        for line in log.read_text().splitlines():
-            entry = json.loads(line)
-            if "seconds" in entry:
-                done[entry["path"]] = 2 * m * n * k / entry["seconds"] / 1e9
-                errors[entry["path"]] = f"rel err {entry['err']:.1e}"
-            else:
-                started = entry["path"]
-        if child.exitcode != 0 and started is not None and started not in done:
-            done[started] = 0.0
-            errors[started] = f"crashed the process (exit {child.exitcode})"
-    return [(float(done.get(j[4], 0.0)), config_name(j[3]), errors[j[4]]) for j in jobs]
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--shapes", default=SHAPES)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", default=",".join(WORKLOADS), help="workload names")
+    parser.add_argument("--configs", type=int, default=20, help="configs per workload")
     parser.add_argument("--workers", type=int, default=os.cpu_count())
+    parser.add_argument("--dry-run", action="store_true",
+                        help="build every kernel that would be timed, time none")
     args = parser.parse_args()
-    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    names = args.only.split(",")
+    unknown = [n for n in names if n not in WORKLOADS]
+    if unknown:
+        parser.error(f"unknown workloads {unknown}; known: {', '.join(WORKLOADS)}")
     tmp = Path(tempfile.mkdtemp(prefix="tecc-gemm-"))
-    jobs = [(m, n, k, config, str(tmp / f"{i}_{j}.so"))
-            for i, (m, n, k) in enumerate(shapes)
-            for j, config in enumerate([None, *configs()])]
-    with ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+    jobs = []
+    for i, name in enumerate(names):
+        fallback_and_ranked = [None, *ranked_configs(WORKLOADS[name], args.configs)]
+        jobs += [(name, c, str(tmp / f"{i}_{j}.so")) for j, c in enumerate(fallback_and_ranked)]
+    start = time.time()
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(args.workers, mp_context=ctx) as pool:
         errors = dict(pool.map(_build, jobs))
+    failed = [(config_name(j[1]), errors[j[2]]) for j in jobs if errors[j[2]]]
+    print(f"built {len(jobs) - len(failed)} of {len(jobs)} kernels in {time.time() - start:.0f} s",
+          flush=True)
+    for config, error in failed:
+        print(f"  build failed: {config}: {error}")
+    if args.dry_run:
+        return
     rows = []
-    for i, (m, n, k) in enumerate(shapes):
-        shape_jobs = [j for j in jobs if Path(j[4]).name.startswith(f"{i}_")]
-        results = measure_shape(m, n, k, shape_jobs, errors, tmp / f"{i}.jsonl")
-        cublas = cublas_gflops(m, n, k)
-        print(f"== {m}x{n}x{k}: cuBLAS {cublas:.0f} GFLOP/s", flush=True)
-        for gflops, name, note in sorted(results, key=lambda r: -r[0]):
-            print(f"  {gflops:8.0f}  {gflops / cublas:5.2f}x  {name}  {note}")
-            rows.append([f"{m}x{n}x{k}", name, f"{gflops:.0f}", f"{cublas:.0f}",
-                         f"{gflops / cublas:.2f}x", note])
-    write_table("gpu_gemm_configs", "GPU matmul template configs against cuBLAS (fp32, TF32 off)",
-                ["shape m x n x k", "config", "GFLOP/s", "cuBLAS GFLOP/s", "vs cuBLAS", "check"],
-                rows, [f"Command: `python benchmarks/gpu_gemm_configs.py --shapes {args.shapes}`"])
+    for i, name in enumerate(names):
+        work = [j for j in jobs if j[0] == name]
+        seconds = measure(name, work, errors, tmp / f"{i}.jsonl")
+        reference = torch_seconds(name)
+        total = flops(WORKLOADS[name])
+        print(f"== {name}: torch {total / reference / 1e12:.1f} TFLOP/s "
+              f"({reference * 1e6:.0f} us)", flush=True)
+        results = sorted(((seconds.get(j[2], float("inf")), config_name(j[1]), errors[j[2]])
+                          for j in work), key=lambda r: r[0])
+        for sec, config, note in results:
+            tflops = total / sec / 1e12 if np.isfinite(sec) else 0.0
+            print(f"  {tflops:6.2f} TFLOP/s {sec * 1e6:9.1f} us  {reference / sec:5.2f}x  "
+                  f"{config}  {note}")
+            rows.append([name, config, f"{sec * 1e6:.1f}", f"{tflops:.2f}",
+                         f"{total / reference / 1e12:.2f}", f"{reference / sec:.2f}x", note or ""])
+    write_table("gpu_gemm_configs",
+                "GPU matmul / implicit-GEMM conv configs against cuBLAS / cuDNN (fp32, TF32 off)",
+                ["workload", "config", "us", "TFLOP/s", "torch TFLOP/s", "vs torch", "check"],
+                rows, ["Command: `python benchmarks/gpu_gemm_configs.py "
+                       f"--only {args.only} --configs {args.configs}`"])
 
 
 if __name__ == "__main__":

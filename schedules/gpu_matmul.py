@@ -49,6 +49,19 @@ def _contiguous_axis(sch: Schedule, block: Any, index: int) -> str | None:
     return "s" if "s" in used else "k" if used else None
 
 
+def _by_thread(tile_x: int, tile_k: int, inner_is_x: bool, per_step: int) -> Any:
+    """The index map of a register-staged operand (s, x, k) -> (s, tile of x, tile of
+    k, step, lane): the cooperative load's flat position in its tile split into its
+    steps and the lanes of one step, so that each thread's values compact to a dense
+    (steps, vector) array, i.e. registers."""
+    def index(s: Any, x: Any, kk: Any) -> tuple[Any, ...]:
+        xi, ki = x % tile_x, kk % tile_k
+        flat = ki * tile_x + xi if inner_is_x else xi * tile_k + ki
+        return s, x // tile_x, kk // tile_k, flat // per_step, flat % per_step
+
+    return index
+
+
 def schedule_simt_matmul(func: tirx.PrimFunc, tile: tuple[int, ...], block_k: int,
                          vector: int, unroll: int, pipeline: str) -> Schedule | None:
     """The schedule described in the module docstring, or None when `func` holds no
@@ -67,6 +80,9 @@ def schedule_simt_matmul(func: tirx.PrimFunc, tile: tuple[int, ...], block_k: in
     # Memory contiguity of the operands, read before normalization renames them.
     a_axis = _contiguous_axis(sch, main, 0)
     b_axis = _contiguous_axis(sch, main, 1)
+    # whether each operand is read at its loop indices as they are (no im2col gather)
+    plain = all(isinstance(r.min, tirx.Var | tirx.IntImm)
+                for read in sch.get(main).reads[:2] for r in read.region)
 
     reindex_a = sch.reindex(main, ("read", 0))
     reindex_b = sch.reindex(main, ("read", 1))
@@ -103,29 +119,59 @@ def schedule_simt_matmul(func: tirx.PrimFunc, tile: tuple[int, ...], block_k: in
     sch.reverse_compute_at(accumulate, tj, preserve_unit_loops=True)
 
     threads = tm * tn
+
+    def load_width(axis: str | None, operand: str) -> int:
+        # 128-bit loads where the unit-stride axis has whole vectors, without padding
+        tile_x, size_x = (block_m, size_m) if operand == "i" else (block_n, size_n)
+        along = (tile_x, size_x) if axis == "s" else (block_k, size_k)
+        return vector if (along[0] % vector == 0 and along[1] % vector == 0
+                          and tile_x * block_k % (threads * vector) == 0) else 1
+
+    operands = ((a_axis, "i"), (b_axis, "j"))
+    widths = [load_width(axis, operand) for axis, operand in operands]
+    # Register staging needs each thread's staged values at indices nvcc can keep in
+    # registers: vectorized plain loads give that; a gather (conv's im2col) or an
+    # unvectorized edge would leave the staging array in local memory (measured on the
+    # H200: ResNet-18's 512x7x7 conv at batch 16 at half the speed), so it keeps
+    # the two-buffer pipeline.
+    stage = pipeline == "double" and plain and min(widths) > 1
     fetches = []
-    for index, (axis, operand) in enumerate(((a_axis, "i"), (b_axis, "j"))):
+    for index, (axis, operand) in enumerate(operands):
         fetch = sch.cache_read(main, index, "shared")
         sch.compute_at(fetch, ko, preserve_unit_loops=True)
         # k-major in shared memory: a thread's fragment along i (or j) is contiguous
         sch.transform_layout(fetch, ("write", 0), lambda s, x, kk: (s, kk, x))
         s_loop, x_loop, k_loop = sch.get_loops(fetch)[-3:]
         inner = x_loop if axis == "s" else k_loop  # the global unit-stride axis
-        outer = k_loop if inner is x_loop else x_loop
-        sch.reorder(s_loop, outer, inner)
-        # 128-bit loads where the unit-stride axis has whole vectors, without padding
-        tile_x, size_x = (block_m, size_m) if operand == "i" else (block_n, size_n)
-        along = (tile_x, size_x) if inner is x_loop else (block_k, size_k)
-        width = vector if (along[0] % vector == 0 and along[1] % vector == 0
-                           and tile_x * block_k % (threads * vector) == 0) else 1
-        fused = sch.fuse(s_loop, outer, inner)
-        _, ty, tx, vec = sch.split(fused, [None, tm, tn, width])
-        sch.bind(ty, "threadIdx.y")
-        sch.bind(tx, "threadIdx.x")
-        if width > 1:
-            sch.vectorize(vec)
+        tile_x = block_m if operand == "i" else block_n
+        width = widths[index]
+        staged = None
+        if stage:
+            # Register staging: the next tile's global loads go to registers before
+            # this tile's FMAs and reach shared memory after them (the pipeline's
+            # order below), so their latency hides behind a whole k step.
+            staged = sch.cache_read(fetch, 0, "local")
+            sch.compute_at(staged, ko, preserve_unit_loops=True)
+            # each thread's values in a dense (steps, vector) array: registers
+            sch.transform_layout(staged, ("write", 0), _by_thread(
+                tile_x, block_k, inner is x_loop, threads * width))
+        for block, is_staged in ([(staged, True)] if staged is not None else []) + [
+                (fetch, False)]:
+            s_loop, x_loop, k_loop = sch.get_loops(block)[-3:]
+            if is_staged:
+                inner, outer = (x_loop, k_loop) if axis == "s" else (k_loop, x_loop)
+            else:
+                inner = x_loop if axis == "s" else k_loop
+                outer = k_loop if inner is x_loop else x_loop
+            sch.reorder(s_loop, outer, inner)
+            fused = sch.fuse(s_loop, outer, inner)
+            _, ty, tx, vec = sch.split(fused, [None, tm, tn, width])
+            sch.bind(ty, "threadIdx.y")
+            sch.bind(tx, "threadIdx.x")
+            if width > 1:
+                sch.vectorize(vec)
         sch.storage_align(fetch, 0, axis=1, factor=32, offset=4)
-        fetches.append(fetch)
+        fetches.append(staged if staged is not None else fetch)  # reads the operand
         # the fragment of this k in registers
         fragment = sch.cache_read(main, index, "local")
         sch.compute_at(fragment, ki, preserve_unit_loops=True)
@@ -139,7 +185,15 @@ def schedule_simt_matmul(func: tirx.PrimFunc, tile: tuple[int, ...], block_k: in
         auto_inline_producers(sch, fetch)
     auto_inline_consumer_chain(sch, accumulate)
     sch.decompose_reduction(main, ko)
-    if pipeline != "none":
+    # the whole k step unrolled: fragment loads at constant shared offsets, no loop
+    # counter between the FMA blocks (auto-unroll stops at the register tile)
+    sch.unroll(ki)
+    if stage:
+        # ko's body: A to registers, A to shared, B to registers, B to shared, FMAs;
+        # run as loads (k + 1), FMAs (k), stores (k + 1): one shared tile, two syncs
+        sch.annotate(ko, "software_pipeline_stage", [0, 0, 0, 0, 1])
+        sch.annotate(ko, "software_pipeline_order", [0, 3, 1, 4, 2])
+    elif pipeline != "none":
         sch.annotate(ko, "software_pipeline_stage", [0, 0, 1])
         sch.annotate(ko, "software_pipeline_order", [0, 1, 2])
         if pipeline == "async":

@@ -53,8 +53,9 @@ TILES: tuple[tuple[int, int, int, int, int, int], ...] = (
 WAVES = ((1.8, 64 * 64), (0.9, 0))
 RULES = ("simt", "tiled", "gemv", "low_batch_gemv")
 # How the simt rule's k loop stages its tiles through shared memory: "none" (load,
-# sync, compute, sync) or "double" (two buffers: the next tile's loads are issued
-# before this tile's compute, one sync per step). TVM's cp.async path does not take
+# sync, compute, sync) or "double" (register double buffering: the next tile's global
+# loads go to registers before this tile's FMAs and are stored to shared memory after
+# them, so their latency hides behind a whole k step). TVM's cp.async path does not take
 # the k-major (transposed) store of A: it fails to build or faults with a misaligned
 # address on the H200, so it is not offered.
 PIPELINES = ("none", "double")
@@ -125,22 +126,52 @@ KERNEL_FEATURES = ("blocks", "threads", "block_m", "block_n", "k_steps", "shared
                    "vector_bytes", "unroll", "double_buffered", "dlight_rule")
 
 
-def shared_bytes(tile: tuple[int, ...], micro_k: int, double: bool) -> int:
+def shared_bytes(tile: tuple[int, ...], micro_k: int, two_tiles: bool) -> int:
     """Shared memory of a simt block: the k-major A and B tiles, whose rows
     gpu_matmul.py aligns to 32 floats plus 4 (storage_align, against bank conflicts),
-    twice when double-buffered."""
+    twice when double-buffered in shared memory (`two_tiles`: not register_staged)."""
     def row(extent: int) -> int:
         return -(-extent // 32) * 32 + 4
 
     bm, bn = tile_shape(tile)
-    return (row(bm) + row(bn)) * micro_k * 4 * (2 if double else 1)
+    return (row(bm) + row(bn)) * micro_k * 4 * (2 if two_tiles else 1)
+
+
+def register_staged(workload: dict[str, Any], config: dict[str, Any]) -> bool:
+    """Whether gpu_matmul.py double-buffers `config` in registers (one shared tile):
+    pipeline "double" where both operands load in whole vectors; a conv's im2col
+    gather never does (it keeps two shared tiles)."""
+    if config["pipeline"] != "double" or config["rule"] != "simt" or "kernel" in workload:
+        return False
+    vector = int(config["vector"])
+    _, _, n, k = workload_dims(workload)
+    tile = tuple(int(v) for v in str(config["tile"]).split(","))
+    bm, bn = tile_shape(tile)
+    per_step = tile[0] * tile[1] * vector
+    micro_k = int(config["micro_k"])
+    # A (x[..., K]) loads along k; B along k for w[N, K] (dense, transpose_b), else n
+    b_along_k = workload.get("template") == "dense" or workload.get("attrs", {}).get(
+        "transpose_b", False)
+    return (vector > 1 and k % vector == 0 and (b_along_k or n % vector == 0)
+            and bm * micro_k % per_step == 0 and bn * micro_k % per_step == 0)
+
+
+def staged_registers(tile: tuple[int, ...], micro_k: int, double: bool) -> int:
+    """Registers per thread that hold the next k step's A and B values when
+    register double-buffered (a thread's share of both tiles), else 0."""
+    if not double:
+        return 0
+    tm, tn = tile[0], tile[1]
+    bm, bn = tile_shape(tile)
+    return -(-(bm + bn) * micro_k // (tm * tn))
 
 
 def kernel_features(workload: dict[str, Any], config: dict[str, Any],
                     info: Any) -> dict[str, float]:
     """What decides a matmul-rule kernel's speed, from the workload and the config
     without scheduling it: its grid and block, shared memory and an estimate of
-    registers per thread (accumulators, fragments and ~24 for addresses), occupancy by
+    registers per thread (accumulators, fragments, the staged next k step and ~24 for
+    addresses), occupancy by
     the multiprocessor's thread, block, shared-memory and register limits, waves of
     blocks over the multiprocessors, bytes staged per k step and in all, arithmetic
     intensity, padding. The dlight rules (gemv, tiled) fix some of these themselves;
@@ -154,8 +185,10 @@ def kernel_features(workload: dict[str, Any], config: dict[str, Any],
     threads = tm * tn
     blocks = grid_blocks(tile, batch, m, n)
     k_steps = -(-k // micro_k)
-    shared = shared_bytes(tile, micro_k, double)
-    registers = vm * vn * mm * mn + vm * mm + vn * mn + 24
+    staged = register_staged(workload, config)
+    shared = shared_bytes(tile, micro_k, double and not staged)
+    registers = (vm * vn * mm * mn + vm * mm + vn * mn + 24
+                 + staged_registers(tile, micro_k, staged))
     smem_sm = info.max_shared_memory_per_sm or 228 * 1024
     per_sm = min(BLOCKS_PER_SM, THREADS_PER_SM // threads, smem_sm // max(shared, 1),
                  REGISTERS_PER_SM // (threads * min(registers, 255)))
@@ -227,7 +260,10 @@ class GpuMatmulTemplate(Template):
             # (H200: 49x512x4608 4.3 TFLOP/s against 2.6, 128x768x768 7.8 against 5.8).
             smem = info.max_shared_memory_per_block or 49152
             micro_k, pipeline = 64 if k >= 1024 else 32, "double"
-            while micro_k > 16 and shared_bytes(tile, micro_k, True) > smem:
+            two_tiles = not register_staged(ctx.workload or {}, {
+                "rule": rule, "tile": tile_name(tile), "micro_k": micro_k,
+                "vector": vector, "pipeline": pipeline})
+            while micro_k > 16 and shared_bytes(tile, micro_k, two_tiles) > smem:
                 micro_k //= 2
         return space.from_json({"rule": rule, "tile": tile_name(tile), "micro_k": micro_k,
                                 "vector": vector, "unroll": 256, "pipeline": pipeline})
@@ -246,7 +282,9 @@ class GpuMatmulTemplate(Template):
                 result = None
             if rule == "simt":
                 tile = tuple(int(v) for v in config["tile"].split(","))
-                shared = shared_bytes(tile, config["micro_k"], config["pipeline"] == "double")
+                double = config["pipeline"] == "double"
+                shared = shared_bytes(tile, config["micro_k"], double and not register_staged(
+                    ctx.workload or {}, config))
                 limit = target_info(ctx.target).max_shared_memory_per_block or 49152
                 if shared > limit:  # refused here, not after nvcc
                     raise ValueError(f"the tile needs {shared} bytes of shared memory; "

@@ -284,3 +284,33 @@ def test_matmul_template_configs_build_and_match_torch(rule, tile, micro_k, pipe
         out = tvm.runtime.empty((m, n), "float32", dev)
         lib["mm"](tvm.runtime.tensor(a.numpy(), dev), tvm.runtime.tensor(b.numpy(), dev), out)
         assert_close(torch.from_numpy(out.numpy()), a @ b, rtol=1e-4, atol=1e-4)
+
+
+def test_double_buffered_k_loop_loads_ahead_of_the_fmas():
+    """pipeline "double": inside the k loop, the next tile's global loads go to
+    registers before this tile's FMAs and reach shared memory after them; the k step
+    is unrolled (no inner loop) and no staging array is left in local memory."""
+    import re
+
+    import tvm
+
+    gen = torch.Generator().manual_seed(3)
+    a, b = torch.randn(256, 128, generator=gen), torch.randn(128, 256, generator=gen)
+    config = {"rule": "simt", "tile": "16,16,1,1,4,4", "micro_k": 16, "vector": 4,
+              "unroll": 256, "pipeline": "double"}
+    prim, _, info = lowered_matmul(a, b, f"cuda:{ARCH}", config)
+    lib = compile_cuda(tvm.IRModule({"mm": prim}), info.tvm_target)
+    source = lib.mod.imports[0].inspect_source()
+    body = source[source.index("for (int ax3_0"):]
+    body = body[:body.index("matmul_ptr[")]  # the k loop and the last step's FMAs
+    first_load = re.search(r"= \*\(float4\*\)\(p\d_p\d_ptr", body).start()
+    first_fma = re.search(r"local_ptr\[\d+\] = \(", body).start()
+    last_shared_store = max(m.start() for m in re.finditer(
+        r"_shared_ptr\[[^\]]+\] = |\(float4\*\)\(p\d_p\d_reindex_shared_ptr [^=]*\) = ", body))
+    assert first_load < first_fma < last_shared_store
+    assert "for (" not in body[body.index("{") + 1:], "the k step is not unrolled"
+    if GPU:
+        dev = tvm.cuda(0)
+        out = tvm.runtime.empty((256, 256), "float32", dev)
+        lib["mm"](tvm.runtime.tensor(a.numpy(), dev), tvm.runtime.tensor(b.numpy(), dev), out)
+        assert_close(torch.from_numpy(out.numpy()), a @ b, rtol=1e-4, atol=1e-4)

@@ -55,7 +55,7 @@ def builder():
 def test_cuda_candidates_build_with_their_cubins(builder):
     task = dense_task()
     configs = [config_of(task), config_of(task, tile="16,16,1,2,4,4", pipeline="double"),
-               # 2 x 64 x (64 + 132 + 4) floats of shared memory: over a block's 48 KiB
+               # 64 x (64 + 4 + 132 + 4) floats of shared memory: over a block's 48 KiB
                config_of(task, tile="16,16,1,2,4,4", micro_k=64, pipeline="double")]
     built = builder.build([MeasureInput(task, c) for c in configs])
     try:

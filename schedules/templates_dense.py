@@ -29,10 +29,9 @@ from tecc.graph_opt.dense_pack import default_dense_block, dense_block_candidate
 from tecc.schedules.blocks import (
     ANCHOR_ATTR,
     COMM_REDUCE,
-    PARALLEL_MIN_WORK,
     iter_types,
-    loop_extent,
-    root_blocks,
+    pad_iteration,
+    parallel_copy,
     tile_epilogue_parallel,
     vector_registers,
     vectorize_tail,
@@ -67,13 +66,27 @@ def k_tiles(k: int) -> list[int]:
     return out[:6]
 
 
-def dense_space(m: int, n: int, k: int, lanes: int, pack_choice: bool) -> ConfigSpace:
+def column_tiles(n: int, lanes: int, pad_n: bool) -> list[int]:
+    """tile_n options: the packing blocks dividing N (dense_block_candidates), and
+    where B is read in the kernel (`pad_n`), 1..4 vectors up to N rounded up to a
+    vector: B and the result are padded to whole tiles (an odd N such as 197 has no
+    divisor that fills a vector)."""
+    exact = dense_block_candidates(n, lanes)
+    if not pad_n:
+        return exact
+    padded_n = -(-n // lanes) * lanes
+    return list(dict.fromkeys(exact + [v * lanes for v in (1, 2, 3, 4)
+                                       if v * lanes <= padded_n]))
+
+
+def dense_space(m: int, n: int, k: int, lanes: int, pack_choice: bool,
+                pad_n: bool = False) -> ConfigSpace:
     space = ConfigSpace()
-    space.define_choice("tile_n", dense_block_candidates(n, lanes))
+    tiles_n = column_tiles(n, lanes, pad_n)
+    space.define_choice("tile_n", tiles_n)
     space.define_choice("tile_m", [t for t in TILE_M if t <= m] or [1])
     space.define_choice("tile_mo", [t for t in TILE_MO if t <= max(1, m // 2)] or [1])
-    space.define_choice("tile_no", [t for t in TILE_NO
-                                    if t * dense_block_candidates(n, lanes)[0] <= n] or [1])
+    space.define_choice("tile_no", [t for t in TILE_NO if t * tiles_n[0] <= n] or [1])
     space.define_choice("tile_k", k_tiles(k))
     space.define_choice("order", ["mn_k", "k_mn"])
     space.define_choice("unroll_k", [1, 4])
@@ -82,23 +95,38 @@ def dense_space(m: int, n: int, k: int, lanes: int, pack_choice: bool) -> Config
     return space
 
 
+def padded_waste(extent: int, tile: int) -> float:
+    """The share of work a tile of `tile` wastes on `extent` padded to whole tiles."""
+    return -(-extent // tile) * tile / extent - 1
+
+
 def register_tile_rows(m: int, nb: int, lanes: int) -> int:
     """Rows of the register tile: what the vector registers hold after one B vector
-    per column vector and a broadcast A value; a divisor of M when one is close."""
+    per column vector and a broadcast A value. M is padded to whole tiles, so a
+    non-divisor costs only its padded rows: the tallest tile padding little."""
     vecs = max(1, -(-nb // lanes))
     budget = max(1, (vector_registers(lanes) - vecs - 1) // vecs)
     fits = [t for t in TILE_M if t <= min(budget, m)] or [1]
-    divs = [t for t in fits if m % t == 0]
-    best = max(fits)
-    # a non-dividing tile costs a predicated tail; take a divisor unless it is much smaller
-    if divs and max(divs) * 3 >= best * 2:
-        return max(divs)
-    return best
+    # a tile's rows reuse each B vector: fewer rows cost more than a few padded ones
+    return max(fits, key=lambda t: (t / (1 + padded_waste(m, t)), m % t == 0, t))
+
+
+def default_column_tile(n: int, lanes: int, pad_n: bool) -> int:
+    """The fallback's tile_n: the packing block of dense_pack (default_dense_block)
+    unless no divisor of N is a whole vector and B may be padded: then two vectors
+    (one where padding to two wastes more)."""
+    nb = default_dense_block(n, lanes)
+    if not pad_n or nb % lanes == 0 or n < lanes:
+        return nb
+    # two vectors reuse each A value twice: worth some padding (N=197: 224 columns
+    # ran faster than 208)
+    return 2 * lanes if padded_waste(n, 2 * lanes) <= padded_waste(n, lanes) + 0.1 \
+        else lanes
 
 
 def dense_fallback_values(m: int, n: int, k: int, lanes: int, cores: int,
-                          nb: int | None = None) -> dict[str, Any]:
-    nb = nb or default_dense_block(n, lanes)
+                          nb: int | None = None, pad_n: bool = False) -> dict[str, Any]:
+    nb = nb or default_column_tile(n, lanes, pad_n)
     mi = register_tile_rows(m, nb, lanes)
     kt = k_tiles(k)
     kb = next((t for t in kt if t <= 256), kt[-1])
@@ -154,8 +182,16 @@ class DenseLikeTemplate(Template):
     def _pack_choice(self, kind: str) -> bool:
         return kind in self.pack_choice_kinds
 
+    def pads_n(self, kind: str) -> bool:
+        """Whether B may be padded to whole column tiles: it is read in the kernel
+        (not a weight packed at compile time, whose block must divide N)."""
+        return kind != "dense_pack"
+
     def space_for(self, m: int, n: int, k: int, lanes: int, kind: str) -> ConfigSpace:
-        return dense_space(m, n, k, lanes, self._pack_choice(kind))
+        # the "dense" template's weight is packed at compile time (one space for its
+        # packed and unpacked kernels); the matmuls read B in the kernel
+        return dense_space(m, n, k, lanes, self._pack_choice(kind),
+                           pad_n=self.name != "dense")
 
     def define_space(self, ctx: ScheduleContext) -> ConfigSpace:
         _, m, n, k = dense_dims(ctx)
@@ -176,7 +212,8 @@ class DenseLikeTemplate(Template):
 
     def fallback(self, space: ConfigSpace, ctx: ScheduleContext) -> Config:
         _, m, n, k = dense_dims(ctx)
-        values = dense_fallback_values(m, n, k, ctx.lanes, ctx.cores, self.packed_block(ctx))
+        values = dense_fallback_values(m, n, k, ctx.lanes, ctx.cores, self.packed_block(ctx),
+                                       pad_n=self.name != "dense")
         return nearest_config(space, values)
 
     def accepts(self, ctx: ScheduleContext, config: Config) -> bool:
@@ -189,14 +226,28 @@ class DenseLikeTemplate(Template):
         batch_ext, m_ext, n_ext, k_ext = dense_dims(ctx)
         nb, mi, mt = config["tile_n"], config["tile_m"], config["tile_mo"]
         nt, kb, order = config["tile_no"], config["tile_k"], config["order"]
-        if n_ext % nb or k_ext % kb:
-            raise ValueError(f"tile_n {nb} / tile_k {kb} do not divide N={n_ext} / K={k_ext}")
+        if k_ext % kb:
+            raise ValueError(f"tile_k {kb} does not divide K={k_ext}")
+        if n_ext % nb and not self.pads_n(ctx.kind):
+            raise ValueError(f"tile_n {nb} does not divide N={n_ext} (a weight packed at "
+                             "compile time cannot be padded here)")
         if not self.accepts(ctx, config):
             raise ValueError(f"tile_n {nb} differs from the packed weight's block")
         pack = ctx.kind in self.packs_always or bool(config.get("pack_b", False))
+        # rows and columns padded to whole register tiles: no bounds test in the
+        # micro-kernel (B, read in the kernel, is padded with its copy)
+        operand_b = sch.get(block).reads[1].source
+        copies = pad_iteration(sch, block, [1] * (len(ctx.loop_extents()) - 3) + [mi, nb, 1])
         if pack:
-            sch.cache_read(block, 1, "global")
-            sch.transform_layout(block, ("read", 1), _pack_map(sch.get(block), nb))
+            pad_b = _copy_of(sch, block, operand_b)
+            if pad_b is None:  # B as given: the packing is a copy of it
+                pack_block = sch.cache_read(block, 1, "global")
+            else:  # B's padded copy is the packing
+                pack_block = pad_b
+                copies = [c for c in copies if not sch.get(c).same_as(sch.get(pad_b))]
+            b_index = next(i for i, r in enumerate(sch.get(block).reads)
+                           if r.source.same_as(sch.get(pack_block).writes[0].source))
+            sch.transform_layout(block, ("read", b_index), _pack_map(sch.get(block), nb))
         acc = sch.cache_write(block, 0, "local")
         *batch, m, n, k = sch.get_loops(block)
         no, ni = sch.split(n, [None, nb])
@@ -224,10 +275,16 @@ class DenseLikeTemplate(Template):
         init = sch.decompose_reduction(block, ko)
         vectorize_tail(sch, target, ctx.lanes)
         vectorize_tail(sch, init, ctx.lanes)
-        if pack:
-            for b in root_blocks(sch):
-                if sch.get(b).name_hint.endswith("_global"):
-                    _pack_schedule(sch, b)
+        for copy in copies + ([pack_block] if pack else []):
+            parallel_copy(sch, copy)
+
+
+def _copy_of(sch: Schedule, block, buffer):
+    """The producer of `block` that copies `buffer` (its padded copy), else None."""
+    for producer in sch.get_producers(block):
+        if any(r.source.same_as(buffer) for r in sch.get(producer).reads):
+            return producer
+    return None
 
 
 def _pack_map(block, nb: int):
@@ -242,14 +299,6 @@ def _pack_map(block, nb: int):
         return (*batch, nn // nb, kk, nn % nb)
 
     return index_map
-
-
-def _pack_schedule(sch: Schedule, block) -> None:
-    """The in-kernel packing copy of B: parallel when large enough."""
-    loops = sch.get_loops(block)
-    ext = math.prod(loop_extent(sch, lp) or 1 for lp in loops)
-    if ext >= PARALLEL_MIN_WORK:
-        sch.parallel(loops[0])
 
 
 DENSE = register_template(DenseLikeTemplate(

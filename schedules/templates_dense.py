@@ -17,6 +17,12 @@ Loop nest (order "mn_k"):
 B is read as [N/nb, K, nb] panels: packed at compile time (dense_pack), packed in the
 kernel when B is [N, K] (matmul_nt, a dense on a non-constant weight), optionally
 ("pack_b") when B is [K, N].
+Tiles need not divide the extents (197 rows, 1000 or 197 columns): the rows are padded
+to whole register tiles (tile_m), the columns to whole blocks (tile_n), so that no
+bounds test sits in the micro-kernel. A and B read in the kernel get zero-padded copies
+(B's is its packing), a weight packed at compile time has zero rows to whole blocks
+(graph_opt/dense_pack.py), and the result is sliced in the epilogue under the tile
+(blocks.pad_iteration). A tail tile predicated instead ran at half the speed.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ import math
 from typing import Any
 
 from tecc.frontend.ir import Call
-from tecc.graph_opt.dense_pack import default_dense_block, dense_block_candidates
+from tecc.graph_opt.dense_pack import default_dense_block, padded_dense_blocks, padded_waste
 from tecc.schedules.blocks import (
     ANCHOR_ATTR,
     COMM_REDUCE,
@@ -66,23 +72,17 @@ def k_tiles(k: int) -> list[int]:
     return out[:6]
 
 
-def column_tiles(n: int, lanes: int, pad_n: bool) -> list[int]:
-    """tile_n options: the packing blocks dividing N (dense_block_candidates), and
-    where B is read in the kernel (`pad_n`), 1..4 vectors up to N rounded up to a
-    vector: B and the result are padded to whole tiles (an odd N such as 197 has no
-    divisor that fills a vector)."""
-    exact = dense_block_candidates(n, lanes)
-    if not pad_n:
-        return exact
-    padded_n = -(-n // lanes) * lanes
-    return list(dict.fromkeys(exact + [v * lanes for v in (1, 2, 3, 4)
-                                       if v * lanes <= padded_n]))
+def column_tiles(n: int, lanes: int) -> list[int]:
+    """tile_n options: the blocks dividing N, then 1..4 vectors up to N rounded up
+    to a vector (padded_dense_blocks): B and the result are padded to whole tiles,
+    a weight packed at compile time with zero rows, B read in the kernel by its
+    packing copy."""
+    return padded_dense_blocks(n, lanes)
 
 
-def dense_space(m: int, n: int, k: int, lanes: int, pack_choice: bool,
-                pad_n: bool = False) -> ConfigSpace:
+def dense_space(m: int, n: int, k: int, lanes: int, pack_choice: bool) -> ConfigSpace:
     space = ConfigSpace()
-    tiles_n = column_tiles(n, lanes, pad_n)
+    tiles_n = column_tiles(n, lanes)
     space.define_choice("tile_n", tiles_n)
     space.define_choice("tile_m", [t for t in TILE_M if t <= m] or [1])
     space.define_choice("tile_mo", [t for t in TILE_MO if t <= max(1, m // 2)] or [1])
@@ -93,11 +93,6 @@ def dense_space(m: int, n: int, k: int, lanes: int, pack_choice: bool,
     if pack_choice:
         space.define_bool("pack_b")
     return space
-
-
-def padded_waste(extent: int, tile: int) -> float:
-    """The share of work a tile of `tile` wastes on `extent` padded to whole tiles."""
-    return -(-extent // tile) * tile / extent - 1
 
 
 def register_tile_rows(m: int, nb: int, lanes: int) -> int:
@@ -111,22 +106,9 @@ def register_tile_rows(m: int, nb: int, lanes: int) -> int:
     return max(fits, key=lambda t: (t / (1 + padded_waste(m, t)), m % t == 0, t))
 
 
-def default_column_tile(n: int, lanes: int, pad_n: bool) -> int:
-    """The fallback's tile_n: the packing block of dense_pack (default_dense_block)
-    unless no divisor of N is a whole vector and B may be padded: then two vectors
-    (one where padding to two wastes more)."""
-    nb = default_dense_block(n, lanes)
-    if not pad_n or nb % lanes == 0 or n < lanes:
-        return nb
-    # two vectors reuse each A value twice: worth some padding (N=197: 224 columns
-    # ran faster than 208)
-    return 2 * lanes if padded_waste(n, 2 * lanes) <= padded_waste(n, lanes) + 0.1 \
-        else lanes
-
-
 def dense_fallback_values(m: int, n: int, k: int, lanes: int, cores: int,
-                          nb: int | None = None, pad_n: bool = False) -> dict[str, Any]:
-    nb = nb or default_column_tile(n, lanes, pad_n)
+                          nb: int | None = None) -> dict[str, Any]:
+    nb = nb or default_dense_block(n, lanes)
     mi = register_tile_rows(m, nb, lanes)
     kt = k_tiles(k)
     kb = next((t for t in kt if t <= 256), kt[-1])
@@ -134,9 +116,11 @@ def dense_fallback_values(m: int, n: int, k: int, lanes: int, cores: int,
     mo = 1
     while mo * 2 in TILE_MO and mi * mo * 2 * 4 <= m // max(1, cores) and mo < 4:
         mo *= 2
-    if m >= 256 and n >= 256 and k >= 256:
+    if m >= 128 and n >= 256 and k >= 256:
         # large GEMMs (random search, 1024^3 on 2 AVX2 cores): k outside a tall tile
-        # of register tiles, B packed, k unrolled by 4 - 1.6-2x the small-tile nest
+        # of register tiles, B packed, k unrolled by 4 - 1.6-2x the small-tile nest;
+        # from 128 rows on (BERT's and ViT's 128-197 x 768 x 3072 on 2 AVX-512 cores:
+        # 1.15-1.6x; at 77 rows both nests ran alike)
         return {"tile_n": nb, "tile_m": mi, "tile_mo": 8, "tile_no": 2, "tile_k": kb,
                 "order": "k_mn", "unroll_k": 4, "pack_b": True}
     return {"tile_n": nb, "tile_m": mi, "tile_mo": mo, "tile_no": 1, "tile_k": kb,
@@ -159,12 +143,13 @@ class DenseLikeTemplate(Template):
     def workload(self, call: Call, kind: str) -> dict[str, Any]:
         a, b = call.args
         b_shape = list(b.shape)
+        attrs = dict(call.attrs)
         if call.op == "nn.dense_pack":  # key in the unpacked terms: W[N, K]
             nc, k, nb = b_shape
-            b_shape = [nc * nb, k]
+            b_shape = [attrs.pop("units") or nc * nb, k]
         return {"template": self.name,
                 "inputs": [[list(a.shape), str(a.dtype)], [b_shape, str(b.dtype)]],
-                "attrs": jsonable(dict(call.attrs))}
+                "attrs": jsonable(attrs)}
 
     @staticmethod
     def mnk_of_workload(workload: dict[str, Any]) -> tuple[int, int, int]:
@@ -182,19 +167,13 @@ class DenseLikeTemplate(Template):
     def _pack_choice(self, kind: str) -> bool:
         return kind in self.pack_choice_kinds
 
-    def pads_n(self, kind: str) -> bool:
-        """Whether B may be padded to whole column tiles: it is read in the kernel
-        (not a weight packed at compile time, whose block must divide N)."""
-        return kind != "dense_pack"
-
     def space_for(self, m: int, n: int, k: int, lanes: int, kind: str) -> ConfigSpace:
-        # the "dense" template's weight is packed at compile time (one space for its
-        # packed and unpacked kernels); the matmuls read B in the kernel
-        return dense_space(m, n, k, lanes, self._pack_choice(kind),
-                           pad_n=self.name != "dense")
+        return dense_space(m, n, k, lanes, self._pack_choice(kind))
 
     def define_space(self, ctx: ScheduleContext) -> ConfigSpace:
-        _, m, n, k = dense_dims(ctx)
+        # N of the workload: a padded packed weight's kernel computes whole blocks
+        m, n, k = (self.mnk_of_workload(ctx.workload) if ctx.workload is not None
+                   else dense_dims(ctx)[1:])
         return self.space_for(m, n, k, ctx.lanes, ctx.kind)
 
     def packed_block(self, ctx: ScheduleContext) -> int | None:
@@ -212,8 +191,7 @@ class DenseLikeTemplate(Template):
 
     def fallback(self, space: ConfigSpace, ctx: ScheduleContext) -> Config:
         _, m, n, k = dense_dims(ctx)
-        values = dense_fallback_values(m, n, k, ctx.lanes, ctx.cores, self.packed_block(ctx),
-                                       pad_n=self.name != "dense")
+        values = dense_fallback_values(m, n, k, ctx.lanes, ctx.cores, self.packed_block(ctx))
         return nearest_config(space, values)
 
     def accepts(self, ctx: ScheduleContext, config: Config) -> bool:
@@ -228,9 +206,8 @@ class DenseLikeTemplate(Template):
         nt, kb, order = config["tile_no"], config["tile_k"], config["order"]
         if k_ext % kb:
             raise ValueError(f"tile_k {kb} does not divide K={k_ext}")
-        if n_ext % nb and not self.pads_n(ctx.kind):
-            raise ValueError(f"tile_n {nb} does not divide N={n_ext} (a weight packed at "
-                             "compile time cannot be padded here)")
+        if n_ext % nb and ctx.kind == "dense_pack":  # its packing pads N, not the kernel
+            raise ValueError(f"tile_n {nb} does not divide the packed weight's N={n_ext}")
         if not self.accepts(ctx, config):
             raise ValueError(f"tile_n {nb} differs from the packed weight's block")
         pack = ctx.kind in self.packs_always or bool(config.get("pack_b", False))
@@ -315,6 +292,6 @@ def dense_pack_block(workload: dict[str, Any], config: dict[str, Any] | None, la
     """The nb a dense workload's weight is packed with: the config's tile_n, else the
     fallback's (for graph_opt's pack_dense_weights nb_fn)."""
     m, n, k = DenseLikeTemplate.mnk_of_workload(workload)
-    if config is not None and "tile_n" in config and n % int(config["tile_n"]) == 0:
+    if config is not None and "tile_n" in config:
         return int(config["tile_n"])
     return dense_fallback_values(m, n, k, lanes, cores)["tile_n"]

@@ -11,6 +11,7 @@ Writes results/odd_shapes.md: median milliseconds and GFLOP/s per shape, and the
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -105,7 +106,9 @@ def main() -> None:
         rows.append([case.name, f"{t_ms:.3f}", f"{gflops[case.name]:.1f}", f"{e_ms:.3f}",
                      f"{case.flops / e_ms / 1e6:.1f}", f"{e_ms / t_ms:.2f}",
                      configs[case.name]])
-    notes = [f"Host: {host_line()}; {args.threads} threads; torch {torch.__version__}.",
+    load = ", ".join(f"{v:.1f}" for v in os.getloadavg())
+    notes = [f"Host: {host_line()}; {args.threads} threads; torch {torch.__version__}; "
+             f"load average after the run {load} (a shared machine).",
              f"tecc untuned (the fallback configs), whole compiled model per call (input "
              f"conversion included), against torch eager: medians over {args.rounds} "
              f"interleaved rounds of {args.seconds} s each.",

@@ -39,8 +39,8 @@ WinogradFn = Callable[[Call, int], int]
 # oc_bn) the conv's schedule config wants (a tuning record), or None for the layout
 # pass's own choice
 ConvBlocksFn = Callable[[Call, "int | None", int], "tuple[int, int] | None"]
-# (dense call, lanes) -> the packing block nb (a divisor of N), or None to leave the
-# dense unpacked
+# (dense call, lanes) -> the packing block nb (N padded to whole blocks), or None to
+# leave the dense unpacked
 DenseBlockFn = Callable[[Call, int], "int | None"]
 
 

@@ -29,7 +29,8 @@ __all__ = [
     "accumulator_budget", "all_blocks", "anchor_kind", "best_vector_width", "block_name",
     "divisors", "elementwise_consumer", "epilogue_block", "injective_anchor",
     "inline_injective", "is_reduction", "iter_types", "largest_divisor", "loop_extent",
-    "output_names", "padding_producer", "reads_elementwise", "reduction_loops",
+    "output_names", "pad_iteration", "padding_producer", "parallel_copy", "reads_elementwise",
+    "reduction_loops",
     "root_blocks", "static_extent", "static_extents", "tile_epilogue_parallel", "vector_registers",
     "vars_in", "vector_width_options", "vectorize_tail",
 ]
@@ -115,8 +116,11 @@ def reads_elementwise(sch: Schedule, consumer, buffer) -> bool:
     for region in block.reads:
         if not region.source.same_as(buffer):
             continue
-        if len(region.region) != len(ivars) or [int(d) for d in region.source.shape] != [
-                int(iv.dom.extent) for iv in block.iter_vars]:
+        # a buffer padded past the consumer's domain (pad_iteration) is still read
+        # elementwise: each iteration reads its own index, inside the buffer
+        if len(region.region) != len(ivars) or any(
+                int(d) < int(iv.dom.extent)
+                for d, iv in zip(region.source.shape, block.iter_vars, strict=True)):
             return False
         for rng, var in zip(region.region, ivars, strict=True):
             if not (rng.min.same_as(var) and int(rng.extent) == 1):
@@ -283,6 +287,57 @@ def epilogue_block(sch: Schedule, write_back):
         sch.compute_inline(write_back)
         return consumers[0]
     return write_back
+
+
+def parallel_copy(sch: Schedule, block) -> None:
+    """Schedule a copy block (a packing, a padded copy): its outer loops fused and
+    parallel when large enough; the row stays a plain loop LLVM vectorizes (rows of
+    odd length included, where a split by the vector width would leave a tail)."""
+    loops = sch.get_loops(block)
+    extents = static_extents(sch, loops)
+    if len(loops) < 2 or math.prod(extents) < PARALLEL_MIN_WORK:
+        return
+    sch.parallel(sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0])
+
+
+def pad_iteration(sch: Schedule, block, factors: Sequence[int]) -> list:
+    """Pad `block`'s iteration domain up to multiples of `factors` (one per block
+    iter, 1: unpadded), so that tiles of those sizes are all full: the inner loops of
+    a tiled nest then carry no bounds test. The inputs indexed by a padded iter are
+    copied into zero-padded buffers, the block writes a padded buffer, and the
+    original result is its slice (TVM's pad_einsum); that slice is inlined into its
+    consumer, so an epilogue computed under the tile reads the padded result at its
+    own index. A read that is not indexed by plain iters (a weight packed as
+    W[n // nb, k, n % nb]) is reindexed for pad_einsum and inlined back: it stays the
+    caller's buffer, as long as the iters it uses are not padded. Returns the blocks
+    writing the padded copies of inputs (none when every extent is a multiple)."""
+    stmt = sch.get(block)
+    extents = [int(iv.dom.extent) for iv in stmt.iter_vars]
+    padding = [f if f > 1 and e % f else 1 for e, f in zip(extents, factors, strict=True)]
+    if all(f == 1 for f in padding):
+        return []
+    plain = {iv.var for iv in stmt.iter_vars}
+    reindexed = [sch.reindex(block, ("read", i)) for i, region in enumerate(stmt.reads)
+                 if not all(int(r.extent) == 1 and (isinstance(r.min, tvm.tirx.IntImm)
+                                                    or any(r.min.same_as(v) for v in plain))
+                            for r in region.region)]
+    out = sch.get(block).writes[0].source
+    inputs = [r.source for r in sch.get(block).reads]
+    sch.pad_einsum(block, padding)
+    for copy in reindexed:
+        sch.compute_inline(copy)
+    copies = [p for p in sch.get_producers(block)
+              if not any(buf.same_as(sch.get(p).writes[0].source) for buf in inputs)]
+    # the slice block writes the original result; a result that is no output is
+    # folded into the block reading it
+    slice_block = next(b for b in sch.get_consumers(block)
+                       if sch.get(b).writes[0].source.same_as(out))
+    if block_name(sch, slice_block) not in output_names(sch) and sch.get_consumers(slice_block):
+        try:
+            sch.compute_inline(slice_block)
+        except ScheduleError:  # a consumer that cannot take it: the slice stays a copy
+            pass
+    return copies
 
 
 def tile_epilogue_parallel(sch: Schedule, write_back, at, outer: Sequence, work: int):

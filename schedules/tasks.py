@@ -35,7 +35,7 @@ from tecc.frontend.ir import (
     Var,
     post_order,
 )
-from tecc.graph_opt.dense_pack import pack_dense_weight
+from tecc.graph_opt.dense_pack import dense_pack_attrs, pack_dense_weight
 from tecc.graph_opt.evaluate import evaluate_call, evaluate_function
 from tecc.graph_opt.layout import (
     layout_name,
@@ -145,8 +145,8 @@ class Task:
             x, w = self.func.params
             n, k = w.shape
             xv = Var(x.name, x.ty)
-            wv = Var(w.name + "_packed", TensorType((n // nb, k, nb), w.dtype))
-            return Function([xv, wv], Call("nn.dense_pack", [xv, wv]))
+            wv = Var(w.name + "_packed", TensorType((-(-n // nb), k, nb), w.dtype))
+            return Function([xv, wv], Call("nn.dense_pack", [xv, wv], dense_pack_attrs(n, nb)))
         return self.func
 
     def build_primfunc(self, config: Config | dict[str, Any]) -> tvm.tirx.PrimFunc:

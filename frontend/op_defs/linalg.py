@@ -42,35 +42,53 @@ OPS.register("nn.dense", _dense_rel, Pattern.OUT_ELEMWISE_FUSABLE, 2,
 # ---------------------------------------------------------------- nn.dense_pack
 
 
+def _dense_pack_units(w_shape: Sequence[int], attrs: Attrs) -> int:
+    """N, the output features: "units" when the packed weight has zero rows padding N
+    to whole blocks, else N/nb * nb."""
+    return int(attrs["units"]) or int(w_shape[0]) * int(w_shape[2])
+
+
 def _dense_pack_rel(types: list[Type], attrs: Attrs) -> Type:
     x, w = arity(types, 2)
     if w.ndim != 3 or x.shape[-1] != w.shape[1]:
         raise IRTypeError(f"dense_pack: input {x.shape} and packed weight {w.shape} "
                           "(N/nb, K, nb) do not match")
-    return TensorType(x.shape[:-1] + (w.shape[0] * w.shape[2],), x.dtype)
+    units = _dense_pack_units(w.shape, attrs)
+    if not (w.shape[0] - 1) * w.shape[2] < units <= w.shape[0] * w.shape[2]:
+        raise IRTypeError(f"dense_pack: {units} units do not fill the packed weight "
+                          f"{w.shape}'s last block")
+    return TensorType(x.shape[:-1] + (units,), x.dtype)
 
 
 def _dense_pack_compute(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
-    """x[..., K] x w[N/nb, K, nb] (packed at compile time) -> [..., N]."""
+    """x[..., K] x w[N/nb, K, nb] (packed at compile time) -> [..., N]. A weight padded
+    to whole blocks is multiplied whole (the anchor's columns are whole tiles) and the
+    result sliced to N."""
     x, w = args
     out = out_tensor(out_type)
-    nb = te_shape(w)[2]
-    k = te.reduce_axis((0, te_shape(w)[1]), name="k")
-    return te.compute(
-        out.shape,
+    nc, kdim, nb = te_shape(w)
+    k = te.reduce_axis((0, kdim), name="k")
+    full = te.compute(
+        (*out.shape[:-1], nc * nb),
         lambda *i: te.sum(x[i[:-1] + (k,)] * w[i[-1] // nb, k, i[-1] % nb], axis=k),
         name="dense_pack", attrs={ANCHOR_ATTR: "dense_pack"})
+    if nc * nb == out.shape[-1]:
+        return full
+    return te.compute(out.shape, lambda *i: full[i], name="dense_pack_slice")
 
 
 def _dense_pack_evaluate(args, attrs, ty):
     x, wp = args
     nc, k, nb = wp.shape
-    return np.matmul(x, wp.transpose(0, 2, 1).reshape(nc * nb, k).T)
+    full = np.matmul(x, wp.transpose(0, 2, 1).reshape(nc * nb, k).T)
+    return full[..., :_dense_pack_units(wp.shape, attrs)]
 
 
 OPS.register("nn.dense_pack", _dense_pack_rel, Pattern.OUT_ELEMWISE_FUSABLE, 2,
+             attrs={"units": 0},
              compute=_dense_pack_compute, evaluate=_dense_pack_evaluate,
-             doc="dense with its weight packed at compile time: w[N/nb, K, nb]")
+             doc="dense with its weight packed at compile time: w[N/nb, K, nb], N rounded "
+                 "up to whole blocks with zero rows when attribute units (N) is given")
 
 
 # ---------------------------------------------------------------- nn.matmul

@@ -532,8 +532,8 @@ def foreign_candidates(task: Any, records: Sequence[Record]) -> tuple[list[Confi
 def scaled_to_lanes(config: dict[str, Any], task: Any, ratio: float) -> dict[str, Any]:
     """`config` (JSON) with the template's lane knobs (Template.lane_knobs) scaled by
     `ratio`, the local vector width over the measuring machine's: to the knob's option
-    here nearest the scaled value (a packing block of 1000 features: 8 for 8 lanes,
-    none of 16, 32 or 64 for 16 lanes; 25 is an option then); other values are kept."""
+    here nearest the scaled value (a packing block of 1000 features: 40 for 8 lanes
+    would be 80 for 16, no option; 64 is the nearest); other values are kept."""
     if ratio == 1:
         return config
     options = {k.name: k.options for k in task.space.knobs}

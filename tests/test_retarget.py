@@ -322,10 +322,10 @@ def test_a_retargeted_model_keeps_its_blocks_between_layers(foreign_chain, tmp_p
                                rtol=1e-4, atol=1e-4)
 
 
-def test_a_lane_knob_without_its_scaled_value_here_takes_the_nearest_option():
-    """A packing block of 1000 features: 8 on AVX2; no multiple of AVX-512's 16
-    lanes divides 1000, but the weight is padded to whole blocks, so the candidate
-    takes 16 itself (before padding it took the option nearest 16, 25)."""
+def test_a_lane_knob_is_scaled_to_this_width_or_the_nearest_option():
+    """A packing block of 1000 features: 8 on AVX2 becomes 16 on AVX-512 (the weight
+    is padded to whole blocks, so 16 is an option though it does not divide 1000);
+    40 (five AVX2 vectors) would be 80, which is no option: the nearest one, 64."""
     from tecc.autotune.records import Record
     from tecc.autotune.tune import foreign_candidates
 
@@ -341,6 +341,12 @@ def test_a_lane_knob_without_its_scaled_value_here_takes_the_nearest_option():
     record = Record(target=avx2, workload=dense.workload, config=measured, costs_s=[1e-3])
     candidates, _ = foreign_candidates(dense, [record])
     assert [c.to_json() for c in candidates] == [dict(measured, tile_n=16)]
+    assert 80 not in options
+    wide = dict(measured, tile_n=40)
+    record = Record(target=avx2, workload=dense.workload, config=wide, costs_s=[1e-3])
+    candidates, _ = foreign_candidates(dense, [record])
+    # the scaled config first, then the measured one, which is valid here too
+    assert [c.to_json() for c in candidates] == [dict(wide, tile_n=64), wide]
 
 
 def test_the_layout_chain_plan_asks_for_the_best_config_with_the_producers_block(tmp_path):

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One round on a CUDA machine, from the repository root, with tecc and TVM importable
-# (PYTHONPATH): `tests` runs the CUDA and GPU-tuning tests against torch on the GPU,
-# `bench ARGS` runs benchmarks/e2e_gpu.py with ARGS, `gemm` the matmul template's
-# tiles, `efficiency ARGS` benchmarks/tuner_efficiency.py --target cuda, `tune RECORDS
+# (PYTHONPATH): `tests` runs the CUDA, GPU-tuning and GPU-reduction tests against torch
+# on the GPU, `bench ARGS` runs benchmarks/e2e_gpu.py with ARGS, `gemm` the matmul
+# template's tiles, `reduce` the row-reduction templates against dlight and torch,
+# `efficiency ARGS` benchmarks/tuner_efficiency.py --target cuda, `tune RECORDS
 # MODEL:TRIALS...` tunes each model for cuda into RECORDS (a copy goes to $OUT after
 # each). Logs and results go to $OUT when it is set.
 set -o pipefail
@@ -17,7 +18,8 @@ case "${1:-}" in
     # must not shadow the installed tecc package (whose stages live in other folders).
     root=$PWD
     (cd /tmp && python3 -m pytest -q -p no:cacheprovider --import-mode=append --timeout=600 \
-      "$root/tests/test_cuda.py" "$root/tests/test_gpu_tuning.py" "$@") 2>&1 | tee "$OUT/tests.log";;
+      "$root/tests/test_cuda.py" "$root/tests/test_gpu_tuning.py" "$root/tests/test_gpu_reduce.py" \
+      "$@") 2>&1 | tee "$OUT/tests.log";;
   bench)
     shift
     [ -f "$OUT/e2e_gpu.json" ] && cp "$OUT/e2e_gpu.json" benchmarks/results/
@@ -25,7 +27,12 @@ case "${1:-}" in
     cp benchmarks/results/e2e_gpu.md benchmarks/results/e2e_gpu.json "$OUT/";;
   gemm)
     shift
-    python3 benchmarks/gpu_gemm_configs.py "$@" 2>&1 | tee "$OUT/gemm_configs.log";;
+    python3 benchmarks/gpu_gemm_configs.py "$@" 2>&1 | tee "$OUT/gemm_configs.log"
+    cp benchmarks/results/gpu_gemm_configs.md "$OUT/";;
+  reduce)
+    shift
+    python3 benchmarks/gpu_reduce.py "$@" 2>&1 | tee "$OUT/gpu_reduce.log"
+    cp benchmarks/results/gpu_reduce.md "$OUT/";;
   efficiency)
     shift
     timeout "${BENCH_TIMEOUT:-3000}" python3 benchmarks/tuner_efficiency.py --target cuda "$@" \
@@ -47,6 +54,7 @@ case "${1:-}" in
       cp "$records" "$OUT/"
     done;;
   *) echo "usage: gpu_round.sh tests [pytest args] | bench [e2e_gpu args] | gemm [args] |" \
+          "reduce [args] |" \
           "efficiency [args] | tune RECORDS MODEL:TRIALS..." >&2
      exit 2;;
 esac

@@ -65,12 +65,37 @@ class _Outputs(torch.nn.Module):
         return self.model(**dict(zip(self.names, inputs, strict=True)), **self.fixed)
 
 
+def calibrate_batchnorm(model: torch.nn.Module, image: torch.Tensor) -> None:
+    """A random scale and shift for every batch norm, and running statistics measured
+    on its own input in one eval pass over two random images: with transformers'
+    initialization (conv weights of std 0.02, unit running variance) a deep CNN's
+    activations vanish (MobileNetV2's logits were 1e-22), and comparing outputs that
+    are all zero checks nothing."""
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    gen = torch.Generator().manual_seed(7)
+
+    def measure(module, args):
+        dims = [d for d in range(args[0].ndim) if d != 1]
+        module.running_mean.copy_(args[0].mean(dims))
+        module.running_var.copy_(args[0].var(dims) + 1e-3)
+
+    hooks = [m.register_forward_pre_hook(measure) for m in norms]
+    with torch.no_grad():
+        for m in norms:
+            m.weight.copy_(1 + 0.2 * torch.randn(m.num_features, generator=gen))
+            m.bias.copy_(0.1 * torch.randn(m.num_features, generator=gen))
+        model.eval()(torch.cat([image, torch.randn(image.shape, generator=gen)]))
+    for hook in hooks:
+        hook.remove()
+
+
 def _vision(model_cls: str, config_cls: str, size: int = IMAGE, **config):
     def build():
         import transformers
 
-        cfg = getattr(transformers, config_cls)(**config)
+        cfg = getattr(transformers, config_cls)(**{"num_labels": 1000, **config})
         model = getattr(transformers, model_cls)(cfg)
+        calibrate_batchnorm(model, _image(size)[0])
         return _Outputs(model, ("pixel_values",), return_dict=False), _image(size)
 
     return build
@@ -161,8 +186,8 @@ ZOO = [
                      depths=[2, 2, 2, 2], num_heads=[3, 6, 12, 24])),
     ZooModel("mobilevit", "CNN + ViT", "default (MobileViT-S, 256)",
              _vision("MobileViTForImageClassification", "MobileViTConfig", size=256)),
-    ZooModel("segformer", "ViT (segmentation)", "default (MiT-B0, 224)",
-             _vision("SegformerForSemanticSegmentation", "SegformerConfig")),
+    ZooModel("segformer", "ViT (segmentation)", "default (MiT-B0, 224), 150 classes",
+             _vision("SegformerForSemanticSegmentation", "SegformerConfig", num_labels=150)),
     # text encoders
     ZooModel("bert", "encoder", "hidden 256, 4 layers, sequence 64",
              _text("BertModel", "BertConfig", 1000, **SMALL_TEXT)),

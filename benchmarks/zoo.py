@@ -7,12 +7,13 @@ whether it runs through the torch.compile backend (backend="tecc"), the largest
 relative error of the backend's outputs against eager, and latency (median ms over
 interleaved rounds) of each framework with tecc untuned (fallback configs).
 
-    python benchmarks/zoo.py [--models resnet,gpt2_cache] [--threads 2] [--list]
+    python benchmarks/zoo.py [--models resnet18,gpt2_cache] [--threads 2] [--resume] [--list]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 import time
@@ -27,7 +28,7 @@ import torch
 sys.path.append(str(Path(__file__).resolve().parents[1]))
 
 import tecc  # noqa: E402
-from benchmarks.common import host_line, interleaved_ms, write_table  # noqa: E402
+from benchmarks.common import RESULTS, host_line, interleaved_ms, write_table  # noqa: E402
 from benchmarks.e2e_cpu import onnxruntime_session  # noqa: E402
 from tests.util import max_rel_error  # noqa: E402
 
@@ -337,11 +338,51 @@ def geomean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
 
 
+def write_results(rows: list[dict], output: str, threads: int, wall_s: float) -> None:
+    strict_ok = sum(r["strict"] == "yes" for r in rows)
+    backend_ok = [r for r in rows if r.get("err") is not None and r["err"] < 1e-3]
+    tecc_ms = {r["name"]: r["ms"].get("tecc", r["ms"].get("backend")) for r in rows if "ms" in r}
+    over_ort = [r["ms"]["ort"] / tecc_ms[r["name"]] for r in rows
+                if "ms" in r and "ort" in r["ms"] and tecc_ms[r["name"]]]
+    over_eager = [r["ms"]["eager"] / tecc_ms[r["name"]] for r in rows
+                  if "ms" in r and tecc_ms[r["name"]]]
+    slower = [r["name"] for r in rows if "ms" in r and tecc_ms[r["name"]]
+              and tecc_ms[r["name"]] > r["ms"]["eager"]]
+    write_table(
+        output, "Model zoo, CPU, batch 1, tecc untuned (median ms)",
+        ["model", "kind", "config", "strict compile", "backend",
+         "max rel err (strict / backend)", "eager", "torch.compile", "ONNX Runtime", "tecc",
+         "tecc backend", "tecc vs eager", "tecc vs ORT", "tecc compile s"],
+        table_rows(rows),
+        [f"Host: {host_line()}; {threads} threads for every framework.",
+         f"torch {torch.__version__}, tecc {tecc.__version__}, transformers "
+         f"{__import__('transformers').__version__}; random weights (batch norms with "
+         "measured statistics), batch 1, nothing downloaded; the config column says where "
+         "a smaller one than the published default was used. tecc runs its fallback "
+         "configs (no tuning records).",
+         "strict compile: tecc.compile(model, inputs) (yes, or the error's first line). "
+         "backend: torch.compile(model, backend=\"tecc\"). tecc: the strict build called "
+         "with numpy arrays; tecc backend: through Dynamo. Ratios use the strict build "
+         "where there is one, else the backend.",
+         "Medians over interleaved rounds (every framework measured in each round); "
+         "ratios above 1 mean tecc is faster.",
+         f"Summary: {strict_ok}/{len(rows)} compile strictly, {len(backend_ok)}/{len(rows)} "
+         f"run through the backend with rel err < 1e-3; geometric mean over ONNX Runtime "
+         f"{geomean(over_ort):.2f}x ({len(over_ort)} models), over eager "
+         f"{geomean(over_eager):.2f}x; slower than eager: {', '.join(slower) or 'none'}. "
+         f"Measuring took {wall_s / 60:.0f} min.",
+         "Command: `python benchmarks/zoo.py` (per model rows are kept in "
+         f"results/{output}.json as they are measured: `--resume` continues a run)."],
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--models", default=",".join(m.name for m in ZOO))
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--output", default="zoo")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the rows of results/OUTPUT.json, measure the other models")
     parser.add_argument("--list", action="store_true", help="list the models and exit")
     args = parser.parse_args()
     by_name = {m.name: m for m in ZOO}
@@ -353,55 +394,32 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown models {unknown}; --list shows them")
     torch.set_num_threads(args.threads)
-    rows = []
-    started = time.perf_counter()
+    store = RESULTS / f"{args.output}.json"
+    saved = json.loads(store.read_text()) if args.resume and store.exists() else {
+        "rows": [], "wall_s": 0.0}
+    done = {r["name"] for r in saved["rows"]}
     for name in args.models.split(","):
+        if name in done:
+            continue
         print(f"== {name}", flush=True)
         t0 = time.perf_counter()
         try:
-            rows.append(measure(by_name[name], args.threads))
+            row = measure(by_name[name], args.threads)
         except Exception as err:  # the model itself failed in eager: reported, not fatal
             traceback.print_exc()
             entry = by_name[name]
-            rows.append({"name": name, "family": entry.family, "config": entry.config_note,
-                         "strict": first_line(err)})
-        print(table_rows(rows[-1:])[0], f"{time.perf_counter() - t0:.0f} s", flush=True)
-        for line in rows[-1].get("fallbacks", []):
+            row = {"name": name, "family": entry.family, "config": entry.config_note,
+                   "strict": first_line(err)}
+        saved["rows"].append(row)
+        saved["wall_s"] += time.perf_counter() - t0
+        store.parent.mkdir(parents=True, exist_ok=True)
+        store.write_text(json.dumps(saved, indent=1) + "\n")
+        print(table_rows([row])[0], f"{time.perf_counter() - t0:.0f} s", flush=True)
+        for line in row.get("fallbacks", []):
             print("   ", line)
-    strict_ok = sum(r["strict"] == "yes" for r in rows)
-    backend_ok = [r for r in rows if r.get("err") is not None and r["err"] < 1e-3]
-    tecc_ms = {r["name"]: r["ms"].get("tecc", r["ms"].get("backend")) for r in rows if "ms" in r}
-    over_ort = [r["ms"]["ort"] / tecc_ms[r["name"]] for r in rows
-                if "ms" in r and "ort" in r["ms"] and tecc_ms[r["name"]]]
-    over_eager = [r["ms"]["eager"] / tecc_ms[r["name"]] for r in rows
-                  if "ms" in r and tecc_ms[r["name"]]]
-    slower = [r["name"] for r in rows if "ms" in r and tecc_ms[r["name"]]
-              and tecc_ms[r["name"]] > r["ms"]["eager"]]
-    write_table(
-        args.output, "Model zoo, CPU, batch 1, tecc untuned (median ms)",
-        ["model", "kind", "config", "strict compile", "backend",
-         "max rel err (strict / backend)",
-         "eager", "torch.compile", "ONNX Runtime", "tecc", "tecc backend",
-         "tecc vs eager", "tecc vs ORT", "tecc compile s"],
-        table_rows(rows),
-        [f"Host: {host_line()}; {args.threads} threads for every framework.",
-         f"torch {torch.__version__}, tecc {tecc.__version__}, transformers "
-         f"{__import__('transformers').__version__}; random weights, batch 1, nothing "
-         "downloaded; the config column says where a smaller one than the published "
-         "default was used. tecc runs its fallback configs (no tuning records).",
-         "strict compile: tecc.compile(model, inputs) (yes, or the error's first line). "
-         "backend: torch.compile(model, backend=\"tecc\"), its max relative error against "
-         "eager. tecc: the strict build called with numpy arrays; tecc backend: through "
-         "Dynamo. Ratios use the strict build where there is one, else the backend.",
-         "Medians over interleaved rounds (every framework measured in each round); "
-         "ratios above 1 mean tecc is faster.",
-         f"Summary: {strict_ok}/{len(rows)} compile strictly, {len(backend_ok)}/{len(rows)} "
-         f"run through the backend with rel err < 1e-3; geometric mean over ONNX Runtime "
-         f"{geomean(over_ort):.2f}x ({len(over_ort)} models), over eager "
-         f"{geomean(over_eager):.2f}x; slower than eager: {', '.join(slower) or 'none'}. "
-         f"Whole run {time.perf_counter() - started:.0f} s.",
-         "Command: `python benchmarks/zoo.py`."],
-    )
+    order = {name: i for i, name in enumerate(by_name)}
+    rows = sorted(saved["rows"], key=lambda r: order.get(r["name"], len(order)))
+    write_results(rows, args.output, args.threads, saved["wall_s"])
 
 
 if __name__ == "__main__":

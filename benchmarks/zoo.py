@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 import time
 import traceback
@@ -215,8 +216,13 @@ ZOO = [
 ]
 
 
+def plain(text: str) -> str:
+    """`text` without terminal color codes (torch.onnx's errors have them)."""
+    return re.sub(r"\x1b\[[0-9;]*m", "", text)
+
+
 def first_line(err: BaseException) -> str:
-    text = str(err).strip().splitlines()
+    text = plain(str(err)).strip().splitlines()
     line = text[0] if text else ""
     return f"{type(err).__name__}: {line}"[:160].replace("|", "/")
 
@@ -371,6 +377,8 @@ def write_results(rows: list[dict], output: str, threads: int, wall_s: float) ->
          f"{geomean(over_ort):.2f}x ({len(over_ort)} models), over eager "
          f"{geomean(over_eager):.2f}x; slower than eager: {', '.join(slower) or 'none'}. "
          f"Measuring took {wall_s / 60:.0f} min.",
+         *[f"{r['name']}: {key.split('_')[0]} failed: {plain(r[key])}" for r in rows
+           for key in ("inductor_error", "ort_error") if key in r],
          "Command: `python benchmarks/zoo.py` (per model rows are kept in "
          f"results/{output}.json as they are measured: `--resume` continues a run)."],
     )

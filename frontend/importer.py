@@ -99,7 +99,37 @@ def export_program(model: torch.nn.Module, example_inputs: Sequence[Any]) -> Exp
         example_inputs = (example_inputs,)
     model = model.eval()
     with torch.no_grad():
-        return torch.export.export(model, tuple(example_inputs))
+        try:
+            return torch.export.export(model, tuple(example_inputs))
+        except Exception as err:
+            if not _register_cache_outputs(err):
+                raise
+            return torch.export.export(model, tuple(example_inputs))
+
+
+def _register_cache_outputs(err: Exception) -> bool:
+    """After torch.export refused a transformers cache (DynamicCache ...) among the
+    outputs as an unknown type: register transformers' cache classes as pytree nodes
+    (its own exporter's flattener, which keeps every tensor a leaf) so that a retry
+    flattens them. False when the error is another one, or transformers cannot."""
+    message = str(err)
+    match = re.search(r"Found <class '([\w.]+)'> in output, which is not a known type", message)
+    if match is None or not match.group(1).startswith("transformers."):
+        return False
+    try:
+        from transformers.cache_utils import Cache
+        from transformers.exporters.exporter_dynamo import register_pytree_node
+    except ImportError as missing:
+        raise ImportError_(
+            f"the model returns a {match.group(1)} (a key/value cache), which tecc can only "
+            f"flatten with transformers' exporter ({missing}): call the model with "
+            "use_cache=False, or upgrade transformers") from err
+    stack = [Cache]
+    while stack:  # every Cache subclass, as transformers' exporter registers them
+        cls = stack.pop()
+        register_pytree_node(cls)
+        stack.extend(cls.__subclasses__())
+    return True
 
 
 def load_pt2(path: str | os.PathLike) -> ImportedModel:
@@ -418,6 +448,11 @@ def treespec_to_structure(spec: Any, leaves) -> dict:
         return {"kind": "tensor", "index": next(leaves)}
     items = [treespec_to_structure(child, leaves) for child in spec.children()]
     node_type = spec.type
+    if isinstance(spec.context, dict) and spec.context.get("_t") == "obj":
+        # an object flattened by transformers' exporter (a DynamicCache): a dict of its
+        # tensors named by their attribute paths ("layers.0.keys"), in leaf order
+        paths = dict(_object_tensor_paths(spec.context))
+        return {"kind": "dict", "keys": [paths[i] for i in range(len(items))], "items": items}
     if node_type is type(None):
         return {"kind": "none"}
     if node_type is list:
@@ -426,6 +461,25 @@ def treespec_to_structure(spec: Any, leaves) -> dict:
             isinstance(k, str) for k in spec.context or ()) and node_type is not tuple:
         return {"kind": "dict", "keys": [str(k) for k in spec.context], "items": items}
     return {"kind": "tuple", "items": items}
+
+
+def _object_tensor_paths(context: Any, prefix: str = ""):
+    """(leaf index, attribute path) of every tensor in a context of transformers'
+    pytree flattener ({"_t": "obj", "s": {attribute: ...}}, lists, {"_t": "tensor"})."""
+    if isinstance(context, list):
+        for i, item in enumerate(context):
+            yield from _object_tensor_paths(item, f"{prefix}.{i}" if prefix else str(i))
+    elif isinstance(context, dict):
+        kind = context.get("_t")
+        if kind == "tensor":
+            yield context["i"], prefix
+        elif kind == "obj":
+            yield from _object_tensor_paths(context["s"], prefix)
+        elif kind in ("seq", "map"):
+            yield from _object_tensor_paths(context["v"], prefix)
+        elif kind is None:
+            for key, item in context.items():
+                yield from _object_tensor_paths(item, f"{prefix}.{key}" if prefix else key)
 
 
 def _leaf_names(structure: dict, prefix: str = ""):

@@ -91,7 +91,7 @@ def test_import_records_inputs_outputs_and_source_lines():
 
 class TwoUnsupported(torch.nn.Module):
     def forward(self, x):
-        a = torch.cumsum(x, dim=1)
+        a = torch.cumprod(x, dim=1)
         b = torch.flip(x, dims=[0])
         c = torch.flip(a, dims=[1])
         return a + b + c
@@ -101,10 +101,10 @@ def test_unsupported_ops_are_all_listed_with_counts_and_lines():
     with pytest.raises(UnsupportedOperatorError) as info:
         from_torch(TwoUnsupported(), (torch.randn(4, 5),))
     message = str(info.value)
-    assert "aten.cumsum.default: 1 use(s)" in message
+    assert "aten.cumprod.default: 1 use(s)" in message
     assert "aten.flip.default: 2 use(s)" in message
     assert "test_frontend.py" in message and "torch.flip(x, dims=[0])" in message
-    assert set(info.value.unsupported) == {"aten.cumsum.default", "aten.flip.default"}
+    assert set(info.value.unsupported) == {"aten.cumprod.default", "aten.flip.default"}
 
 
 def test_pt2_round_trip(tmp_path):

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from tecc.frontend.importer import from_torch
+from tecc.frontend.importer import ImportError_, from_torch
 from tecc.frontend.ir import Call, post_order
 
 import tecc
@@ -89,6 +89,26 @@ CASES = {
                         [(1, 5, 1)]),
     "roll": (lambda x: torch.roll(x, 2, 1) + torch.roll(x, (-1, 3, 1), (0, -1, 0)) * 2
              + torch.roll(x, 5), [(3, 5, 4)], [(2, 7, 6)]),
+    # Swin's shifted windows: two rolled axes after a reshape, then a reshape back
+    "roll_after_reshape": (lambda x, s: torch.roll((x * 2).view(x.shape[0], 7, -1, x.shape[2]),
+                                                   (3, 3), (1, 2)).reshape(x.shape) + s,
+                           [(1, 49, 8), (1, 49, 8)], [(2, 35, 4), (2, 35, 4)]),
+    "constant_pad": (lambda x: F.pad(x, (1, 2, 0, 3)) + F.pad(x, (-1, 2, 2, -1), value=-0.5)
+                     .sum() + F.pad(x, (1, 1, 0, 0, 2, 0), value=2.0).mean(), [(2, 3, 5, 6)],
+                     [(1, 4, 7, 3)]),
+    # TensorFlow's "same" padding before a conv (HF's MobileNetV2): the pad folds into it
+    "pad_then_conv": (None, [(1, 3, 9, 8)], [(2, 3, 12, 7)]),
+    "conv1d": (None, [(1, 6, 20)], [(2, 6, 33)]),
+    "gather": (lambda x, i: torch.gather(x, 1, i) * 2 + torch.gather(x, 0, i[:2, :3] // 4).sum(),
+               [(2, 5, 6), (2, 4, 6)], [(3, 7, 2), (3, 9, 2)]),
+    "cumsum": (lambda x, i: torch.cumsum(x, 1) * 2 + x.cumsum(-1) - (
+        torch.cumsum(i.ne(1).int(), dim=-1) * i.ne(1)).sum(), [(2, 5, 6), (2, 6)],
+        [(3, 9), (3, 9)]),
+    "interpolate": (lambda x: F.interpolate(x, size=(13, 9), mode="bilinear").mean() + (
+        F.interpolate(x, scale_factor=2, mode="nearest") + F.interpolate(
+            x, scale_factor=2, mode="bilinear") + F.interpolate(
+            x, size=(x.shape[2] * 2, x.shape[3] * 2), mode="bilinear", align_corners=True)),
+        [(1, 3, 7, 10)], [(2, 2, 4, 4)]),
 }
 
 
@@ -111,9 +131,21 @@ def build_case(name: str, shapes: list[tuple[int, ...]]):
         module = torch.nn.LayerNorm(shapes[0][-1])
         module.weight.data.normal_(generator=gen)
         module.bias.data.normal_(generator=gen)
+    elif name == "pad_then_conv":
+        module = torch.nn.Sequential(Lambda(lambda x: F.pad(x, (0, 1, 1, 2))),
+                                     torch.nn.Conv2d(3, 8, 3, 2),
+                                     Lambda(lambda x: F.pad(x, (1, 1, 1, 1))),
+                                     torch.nn.Conv2d(8, 8, 3, groups=8))
+    elif name == "conv1d":
+        module = torch.nn.Sequential(torch.nn.Conv1d(6, 8, 3, padding=1),
+                                     torch.nn.Conv1d(8, 5, 5, stride=2))
     else:
         module = Lambda(fn)
     inputs = tuple(randn(*s, seed=i) for i, s in enumerate(shapes))
+    if name in ("gather", "cumsum"):  # the index (mask) input: integers within range
+        bound = {"gather": min(shapes[0][0], shapes[0][1]), "cumsum": 3}[name]
+        inputs = inputs[:1] + (torch.randint(0, bound, shapes[1],
+                                             generator=torch.Generator().manual_seed(5)),)
     return module.eval(), inputs
 
 
@@ -184,3 +216,52 @@ def test_fast_math_keeps_the_edges_of_exp_tanh_and_softmax():
     compiled = tecc.compile(module, (randn(1, 16), randn(3, 16)))
     for got, want in zip(compiled(x, logits), module(x, logits), strict=True):
         np.testing.assert_allclose(np.asarray(got), want.numpy(), rtol=1e-5, atol=1e-30)
+
+
+def test_a_padding_before_a_conv_becomes_the_convs_own():
+    module, inputs = build_case("pad_then_conv", CASES["pad_then_conv"][1])
+    calls = [n for n in post_order(from_torch(module, inputs).func.body) if isinstance(n, Call)]
+    assert [c.op for c in calls if c.op in ("pad", "nn.conv2d")] == ["nn.conv2d"] * 2
+    assert calls[0].attrs["padding"] == (1, 0, 2, 1)
+
+
+class Strided(torch.nn.Module):
+    def forward(self, x):
+        return (torch.as_strided(x, (3, 4), (1, 3)) * 2,  # the transpose of a (4, 3) view
+                torch.as_strided(x, (2, 2, 3), (24, 0, 2), 1) + 1,  # steps and an expand
+                torch.as_strided(x.transpose(0, 1), (4, 2), (6, 1), 5) - 1,  # of a transpose
+                torch.as_strided(x, (2, 1, 5), (30, 7, 2), 20))  # its last row ends past x
+
+
+def test_as_strided_views_match_torch():
+    x = randn(2, 5, 6, seed=3)
+    assert_close(tecc.compile(Strided(), (x,))(x), Strided()(x), rtol=1e-6, atol=0)
+
+
+def test_as_strided_with_overlapping_windows_names_its_sizes_and_strides():
+    class Windows(torch.nn.Module):
+        def forward(self, x):
+            return torch.as_strided(x, (4, 3), (2, 1)) * 2
+
+    with pytest.raises(ImportError_, match=r"as_strided with sizes \(4, 3\), strides \(2, 1\)"):
+        tecc.compile(Windows(), (randn(2, 5, 6),))
+
+
+def test_a_key_value_cache_in_the_outputs_is_flattened():
+    """GPT-2 with use_cache=True returns a transformers DynamicCache: its keys and
+    values come back as a dict named by their attributes."""
+    from transformers import GPT2Config, GPT2Model
+
+    config = GPT2Config(vocab_size=100, n_embd=32, n_layer=2, n_head=2, n_positions=16)
+    model = GPT2Model(config).eval()
+    ids = torch.randint(0, 100, (1, 8), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = model(ids)
+    got = tecc.compile(model, (ids,))(ids)
+    hidden_key, cache_key = expected.keys()  # the cache's name changes between versions
+    cache = got[cache_key]
+    assert list(cache) == ["layers.0.keys", "layers.0.values", "layers.1.keys",
+                           "layers.1.values"]
+    want = [t for layer in expected[cache_key].layers for t in (layer.keys, layer.values)]
+    assert_close([got[hidden_key], *cache.values()], [expected[hidden_key], *want],
+                 rtol=1e-4, atol=1e-5)

@@ -21,7 +21,7 @@ from tests.util import assert_close
 
 
 class OneUnsupported(torch.nn.Module):
-    """cumsum (no converter) between two compiled regions."""
+    """cumprod (no converter) between two compiled regions."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -30,12 +30,12 @@ class OneUnsupported(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = torch.relu(self.a(x))
-        z = torch.cumsum(y, dim=1)
+        z = torch.cumprod(y, dim=1)
         return torch.tanh(self.b(z * y))
 
 
 class SeveralUnsupported(torch.nn.Module):
-    """Convs around cumsum and sort: the first region hands two tensors to torch, the
+    """Convs around cumprod and sort: the first region hands two tensors to torch, the
     last takes two from it (and one of the first's), and the model has three outputs."""
 
     def __init__(self) -> None:
@@ -48,10 +48,10 @@ class SeveralUnsupported(torch.nn.Module):
         y = torch.relu(self.conv1(x))
         s = torch.sigmoid(y) * 2.0
         ranked = torch.sort(y, dim=3).values  # torch
-        summed = torch.cumsum(s, dim=2)  # torch
+        summed = torch.cumprod(s, dim=2)  # torch
         z = torch.relu(self.conv2(ranked + summed)) + s
         logits = self.head(z.flatten(1))
-        return {"logits": logits, "ranked": ranked, "scores": torch.cumsum(logits, 1)}
+        return {"logits": logits, "ranked": ranked, "scores": torch.cumprod(logits, 1)}
 
 
 def _fresh(*shape: int, seed: int) -> torch.Tensor:
@@ -81,8 +81,8 @@ def several() -> tuple[torch.nn.Module, PartitionedModel]:
 def test_one_unsupported_op_runs_in_torch_between_two_regions(one):
     model, compiled = one
     assert isinstance(compiled, PartitionedModel)
-    assert compiled.torch_ops == {"aten.cumsum.default": 1}
-    assert compiled.unsupported_ops == {"aten.cumsum.default": 1}
+    assert compiled.torch_ops == {"aten.cumprod.default": 1}
+    assert compiled.unsupported_ops == {"aten.cumprod.default": 1}
     assert len(compiled.regions) == 2
     for seed in (3, 4):
         x = _fresh(4, 16, seed=seed)
@@ -92,7 +92,7 @@ def test_one_unsupported_op_runs_in_torch_between_two_regions(one):
 
 def test_several_unsupported_ops_multiple_outputs_and_wide_boundaries(several):
     model, compiled = several
-    assert compiled.torch_ops == {"aten.cumsum.default": 2, "aten.sort.default": 1}
+    assert compiled.torch_ops == {"aten.cumprod.default": 2, "aten.sort.default": 1}
     calls = [n for n in compiled.glue.graph.nodes if n.op == "call_module"]
     assert len(calls) == len(compiled.regions) == 2
     first, last = calls
@@ -114,7 +114,7 @@ def test_several_unsupported_ops_multiple_outputs_and_wide_boundaries(several):
 def test_a_small_region_stays_in_torch():
     class LoneOps(torch.nn.Module):
         def forward(self, x):
-            y = torch.cumsum(x, 1)
+            y = torch.cumprod(x, 1)
             y = torch.relu(y).reshape(4, 3, 4)  # a lone op and a view: not worth a call
             return torch.sort(y, dim=2).values
 
@@ -153,7 +153,7 @@ def test_the_first_call_warns_once_naming_the_ops(one):
         compiled(_fresh(4, 16, seed=8))
         compiled(_fresh(4, 16, seed=9))
     messages = [str(w.message) for w in caught if "run in torch" in str(w.message)]
-    assert len(messages) == 1 and "aten.cumsum.default x1" in messages[0], messages
+    assert len(messages) == 1 and "aten.cumprod.default x1" in messages[0], messages
 
 
 def test_summary_shows_the_torch_ops(several):
@@ -170,8 +170,8 @@ def test_strict_is_the_default_and_lists_every_unsupported_op():
     with pytest.raises(UnsupportedOperatorError) as caught:
         tecc.compile(SeveralUnsupported().eval(), (_fresh(2, 3, 8, 8, seed=10),))
     message = str(caught.value)
-    assert set(caught.value.unsupported) == {"aten.cumsum.default", "aten.sort.default"}
-    assert "aten.cumsum.default: 2 use(s)" in message and "test_partition.py" in message
+    assert set(caught.value.unsupported) == {"aten.cumprod.default", "aten.sort.default"}
+    assert "aten.cumprod.default: 2 use(s)" in message and "test_partition.py" in message
     assert 'fallback="torch"' in message
 
 
@@ -189,7 +189,7 @@ def test_a_model_tecc_imports_whole_is_compiled_as_with_strict(tmp_path):
 
 def test_export_is_refused(one, tmp_path):
     _, compiled = one
-    with pytest.raises(TorchFallbackError, match=r"aten\.cumsum\.default.*fallback=\"strict\""):
+    with pytest.raises(TorchFallbackError, match=r"aten\.cumprod\.default.*fallback=\"strict\""):
         compiled.export(tmp_path / "model.tar")
     with pytest.raises(TorchFallbackError, match="deployment wheel"):
         compiled.export_python_package(tmp_path, "partitioned")
@@ -259,7 +259,7 @@ def test_the_backend_compiles_a_graph_with_unsupported_ops_in_regions(monkeypatc
     finally:
         torch._dynamo.reset()
     assert seen == ["partitioned"]
-    assert any("aten.cumsum.default" in str(w.message) for w in caught)
+    assert any("aten.cumprod.default" in str(w.message) for w in caught)
 
 
 def test_tuning_tunes_the_regions_tasks(tmp_path, one, monkeypatch):

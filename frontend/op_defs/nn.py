@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import tvm
+from tecc.frontend.ir import Call, Constant, Expr
 from tecc.frontend.op_defs.common import (
     ANCHOR_ATTR,
     arity,
@@ -220,15 +221,42 @@ OPS.register("nn.conv2d", _conv2d_rel, Pattern.OUT_ELEMWISE_FUSABLE, 2,
 @OPS.converter("aten.convolution.default")
 def _convert_convolution(ctx: ImportContext, node, args, kwargs):
     x, w, b, stride, padding, dilation, transposed, _output_padding, groups = args
-    if transposed or len(stride) != 2:
-        kind = "transposed" if transposed else f"{len(stride)}-d"
+    if transposed or len(x.shape) not in (3, 4):
+        kind = "transposed" if transposed else f"{len(x.shape) - 2}-d"
         raise ctx.unsupported(f"aten.convolution ({kind})")
+    spatial = len(x.shape) - 2
+    stride, padding, dilation = (tuple(v) * (spatial if len(v) == 1 else 1)
+                                 for v in (stride, padding, dilation))
+    if spatial == 1:  # a 1-d conv is a 2-d one over rows of height 1
+        length = x.shape[2]
+        x = ctx.call("reshape", x, newshape=(x.shape[0], x.shape[1], 1, length))
+        kernel_shape = (*w.shape[:2], 1, w.shape[2])
+        w = (Constant(w.data.reshape(kernel_shape)) if isinstance(w, Constant)
+             else ctx.call("reshape", w, newshape=kernel_shape))
+        stride, padding, dilation = (1, *stride), (0, *padding), (1, *dilation)
     pads = (padding[0], padding[1], padding[0], padding[1])
+    x, pads = _fold_zero_pad(x, pads)
     out = ctx.call("nn.conv2d", x, w, strides=tuple(stride), padding=pads,
                    dilation=tuple(dilation), groups=groups)
     if b is not None:
         out = ctx.call("nn.bias_add", out, ctx.expr(b), axis=1)
+    if len(ctx.out_shape()) == 3:
+        out = ctx.call("reshape", out, newshape=ctx.out_shape())
     return out
+
+
+def _fold_zero_pad(x: Expr, pads: tuple[int, int, int, int]
+                   ) -> tuple[Expr, tuple[int, int, int, int]]:
+    """A conv's input padded with zeros on H and W only (F.pad before the conv, as
+    TensorFlow's "same" padding is ported) becomes the conv's own padding: the conv
+    template pads inside its kernel, where a separate pad would be one more pass."""
+    if not (isinstance(x, Call) and x.op == "pad" and x.attrs["value"] == 0.0):
+        return x, pads
+    before, after = x.attrs["before"], x.attrs["after"]
+    if len(before) != 4 or any(before[:2]) or any(after[:2]) or min(*before, *after) < 0:
+        return x, pads
+    top, left, bottom, right = pads
+    return x.args[0], (top + before[2], left + before[3], bottom + after[2], right + after[3])
 
 
 # ---------------------------------------------------------------- nn.conv2d_NCHWc
@@ -781,3 +809,56 @@ def _convert_layer_norm(ctx: ImportContext, node, args, kwargs):
     w = ctx.expr(w) if w is not None else ctx.const(np.ones(c), x.dtype)
     b = ctx.expr(b) if b is not None else ctx.const(np.zeros(c), x.dtype)
     return (ctx.call("nn.layer_norm", x, w, b, epsilon=float(eps)), None, None)
+
+
+# ---------------------------------------------------------------- image.resize2d
+
+
+def _resize2d_rel(types: list[Type], attrs: Attrs) -> Type:
+    (x,) = arity(types, 1)
+    if x.ndim != 4:
+        raise IRTypeError(f"image.resize2d takes NCHW data, got rank {x.ndim}")
+    if attrs["method"] not in _RESIZE_MODES:
+        raise IRTypeError(f"image.resize2d: unknown method {attrs['method']!r}")
+    return TensorType(x.shape[:2] + tuple(attrs["size"]), x.dtype)
+
+
+# (TVM's method, coordinate mode, rounding) per (tecc method, align_corners): torch's
+# nearest is floor(dst * in / out); bilinear without align_corners samples at
+# (dst + 0.5) * in / out - 0.5 clamped to the edge, TVM's half_pixel
+_RESIZE_MODES = {
+    "nearest": ("nearest_neighbor", "asymmetric", "floor"),
+    "linear": ("linear", "half_pixel", ""),
+    "linear_align_corners": ("linear", "align_corners", ""),
+}
+
+
+def _resize2d_compute(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    method, mode, rounding = _RESIZE_MODES[attrs["method"]]
+    return topi.image.resize2d(args[0], (0.0, 0.0, 0.0, 0.0), tuple(attrs["size"]),
+                               layout="NCHW", method=method,
+                               coordinate_transformation_mode=mode, rounding_method=rounding)
+
+
+OPS.register("image.resize2d", _resize2d_rel, Pattern.INJECTIVE, 1,
+             attrs={"size": REQUIRED, "method": "linear"}, compute=_resize2d_compute,
+             doc="torch's interpolate of NCHW data to `size`: nearest, bilinear "
+                 "(linear) or bilinear with align_corners (linear_align_corners)")
+
+
+@OPS.converter("aten.upsample_bilinear2d.vec", "aten.upsample_nearest2d.vec",
+               "aten.upsample_bilinear2d.default", "aten.upsample_nearest2d.default")
+def _convert_upsample(ctx: ImportContext, node, args, kwargs):
+    x = args[0]
+    size = ctx.out_shape()[2:]
+    bilinear = "bilinear" in str(node.target)
+    align_corners = bool(args[2]) if bilinear and len(args) > 2 else False
+    scales = args[-1] if str(node.target).endswith(".vec") else None
+    if scales and any(abs(s * d - o) > 1e-6 for s, d, o in zip(scales, x.shape[2:], size,
+                                                                strict=True)):
+        # torch samples at 1 / scale_factor then, which the output size does not give
+        raise ctx.error(f"interpolate with scale_factor {tuple(scales)} from "
+                        f"{x.shape[2:]} does not give a whole output size: pass size= "
+                        "instead, or recompute_scale_factor=True")
+    method = ("linear_align_corners" if align_corners else "linear") if bilinear else "nearest"
+    return ctx.call("image.resize2d", x, size=tuple(size), method=method)

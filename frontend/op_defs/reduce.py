@@ -194,3 +194,23 @@ def _convert_var(ctx: ImportContext, node, args, kwargs):
     keepdim = kwargs.get("keepdim", False)
     axis = None if not dims else tuple(dims)
     return ctx.call("variance", args[0], axis=axis, keepdims=keepdim, correction=int(correction))
+
+
+@OPS.converter("aten.cumsum.default")
+def _convert_cumsum(ctx: ImportContext, node, args, kwargs):
+    """cumsum along `dim` of extent n as a sum over a masked copy: out[i] = sum over k
+    of x[k] * (k <= i), the (n, n) lower-triangular mask a constant. n^2 work, which
+    is nothing for the sequence lengths models take cumulative sums over (position
+    ids from an attention mask), and exact for integers."""
+    x, dim = args[0], args[1]
+    dtype = ctx.out_dtype()
+    x = ctx.cast(ctx.expr(x), dtype)
+    ndim = len(x.shape)
+    dim = dim % max(ndim, 1)
+    if ndim == 0:
+        return x
+    n = x.shape[dim]
+    rows = ctx.call("reshape", x, newshape=(*x.shape[:dim], 1, *x.shape[dim:]))
+    mask = np.tril(np.ones((n, n), dtype=dtype)).reshape((n, n) + (1,) * (ndim - dim - 1))
+    masked = ctx.call("multiply", rows, ctx.const(mask, dtype))
+    return ctx.call("sum", masked, axis=(dim + 1,), keepdims=False)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import tvm
-from tecc.frontend.ir import Constant, TupleGetItem
+from tecc.frontend.ir import Constant, Expr, TupleGetItem
 from tecc.frontend.op_defs.common import (
     arity,
     broadcast_shapes,
@@ -17,6 +17,7 @@ from tecc.frontend.op_defs.common import (
     read_broadcast,
     te_shape,
     tensor_arg,
+    typed_const,
 )
 from tecc.frontend.ops import OPS, REQUIRED, Pattern, normalize_axis
 from tecc.frontend.types import Attrs, IRTypeError, TensorType, TupleType, Type
@@ -24,6 +25,7 @@ from tvm import te, topi
 from tvm.tirx import const
 
 if TYPE_CHECKING:
+    import torch
     from tecc.frontend.importer import ImportContext
 
 
@@ -392,9 +394,12 @@ def _roll_compute(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Ten
     (x,) = args
     shape = te_shape(x)
     shifts = _roll_shifts(attrs, shape)
+    # i - s wrapped by a select, not floormod(i + d - s, d): TVM's simplifier rewrote the
+    # floormods of two rolled axes, with a reshape inlined before them, into wrong
+    # indices (Swin's shifted windows)
     return te.compute(
         shape,
-        lambda *i: x[tuple(tvm.tirx.floormod(i[a] + (d - s), d) if s else i[a]
+        lambda *i: x[tuple(tvm.tirx.Select(i[a] >= s, i[a] - s, i[a] + (d - s)) if s else i[a]
                            for a, (s, d) in enumerate(zip(shifts, shape, strict=True)))],
         name="roll")
 
@@ -417,3 +422,156 @@ def _convert_roll(ctx: ImportContext, node, args, kwargs):
     flat = ctx.call("reshape", x, newshape=(x.tensor_type.size,))
     rolled = ctx.call("roll", flat, shifts=tuple(shifts), axes=(0,))
     return ctx.call("reshape", rolled, newshape=x.shape)
+
+
+# ---------------------------------------------------------------- pad
+
+
+def _pad_rel(types: list[Type], attrs: Attrs) -> Type:
+    (x,) = arity(types, 1)
+    before, after = tuple(attrs["before"]), tuple(attrs["after"])
+    if len(before) != x.ndim or len(after) != x.ndim:
+        raise IRTypeError(f"pad: {len(before)} and {len(after)} pads for rank {x.ndim}")
+    shape = tuple(d + b + a for d, b, a in zip(x.shape, before, after, strict=True))
+    if any(d < 0 for d in shape):
+        raise IRTypeError(f"pad: pads {before}, {after} crop {x.shape} below zero")
+    return TensorType(shape, x.dtype)
+
+
+def _pad_compute(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    (x,) = args
+    shape = te_shape(x)
+    before, after = attrs["before"], attrs["after"]
+    value = typed_const(attrs["value"], x.dtype)
+
+    def body(*i):
+        # a negative pad crops: that side reads from an offset and needs no bound check
+        src = tuple(i[a] - before[a] for a in range(x.ndim))
+        inside = [src[a] >= 0 for a in range(x.ndim) if before[a] > 0]
+        inside += [src[a] < shape[a] for a in range(x.ndim) if after[a] > 0]
+        if not inside:
+            return x[src]
+        return tvm.tirx.if_then_else(tvm.tirx.all(*inside), x[src], value)
+
+    return te.compute(out_tensor(out_type).shape, body, name="pad")
+
+
+def _pad_evaluate(args, attrs, ty):
+    (x,) = args
+    crop = tuple(slice(max(-b, 0), d - max(-a, 0))
+                 for d, b, a in zip(x.shape, attrs["before"], attrs["after"], strict=True))
+    widths = [(max(b, 0), max(a, 0)) for b, a in zip(attrs["before"], attrs["after"],
+                                                       strict=True)]
+    return np.pad(x[crop], widths, constant_values=np.asarray(attrs["value"], x.dtype))
+
+
+OPS.register("pad", _pad_rel, Pattern.INJECTIVE, 1,
+             attrs={"before": REQUIRED, "after": REQUIRED, "value": 0.0},
+             compute=_pad_compute, evaluate=_pad_evaluate,
+             doc="constant padding per axis; a negative pad crops that side")
+
+
+def pad_widths(pad: list[int], ndim: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(before, after) per axis from torch's pad list: (last axis before, after, the
+    axis before it ...), the leading axes unpadded."""
+    if len(pad) % 2 or len(pad) // 2 > ndim:
+        raise IRTypeError(f"pad list {pad} for rank {ndim}")
+    before, after = [0] * ndim, [0] * ndim
+    for k in range(len(pad) // 2):
+        before[ndim - 1 - k], after[ndim - 1 - k] = pad[2 * k], pad[2 * k + 1]
+    return tuple(before), tuple(after)
+
+
+@OPS.converter("aten.constant_pad_nd.default")
+def _convert_constant_pad_nd(ctx: ImportContext, node, args, kwargs):
+    x, pad = args[0], list(args[1])
+    value = args[2] if len(args) > 2 else kwargs.get("value", 0.0)
+    before, after = pad_widths(pad, len(x.shape))
+    if not any(before) and not any(after):
+        return x
+    return ctx.call("pad", x, before=before, after=after, value=float(value))
+
+
+# ---------------------------------------------------------------- as_strided
+
+
+def _storage_of(ctx: ImportContext, x: Expr, meta: torch.Tensor) -> Expr | None:
+    """`x` as its torch storage laid out: the flat array as_strided's strides index.
+    tecc's values are contiguous; a dense permutation of one (a transpose) is
+    transposed back first."""
+    shape, strides = tuple(meta.shape), tuple(meta.stride())
+    order = sorted(range(len(shape)), key=lambda a: -strides[a])
+    permuted = [shape[a] for a in order]
+    dense = [int(np.prod(permuted[k + 1:], dtype=np.int64)) for k in range(len(order))]
+    if meta.storage_offset() != 0 or any(
+            shape[a] > 1 and strides[a] != dense[k] for k, a in enumerate(order)):
+        return None
+    if order != sorted(order):
+        x = ctx.call("transpose", x, axes=tuple(order))
+    return ctx.call("reshape", x, newshape=(x.tensor_type.size,))
+
+
+@OPS.converter("aten.as_strided.default")
+def _convert_as_strided(ctx: ImportContext, node, args, kwargs):
+    """as_strided as reshapes, slices, a transpose and a broadcast of the input's
+    storage, where the sizes, strides and offset describe such a view: the dims of
+    size > 1 sorted by stride, each stride a multiple of the next one and each dim
+    within its outer stride (no overlapping windows)."""
+    x, size, stride = args[0], tuple(args[1]), tuple(args[2])
+    offset = args[3] if len(args) > 3 else kwargs.get("storage_offset") or 0
+    what = f"as_strided with sizes {size}, strides {stride}, offset {offset} on {x.shape}"
+    flat = _storage_of(ctx, x, node.args[0].meta["val"])
+    if flat is None:
+        raise ctx.error(f"{what}: its input is no dense view of a tensor, so the strides "
+                        "have no tensor tecc can index; make it contiguous() first")
+    kept = sorted((a for a in range(len(size)) if size[a] > 1 and stride[a] != 0),
+                  key=lambda a: -stride[a])
+    ks, kn = [stride[a] for a in kept], [size[a] for a in kept]
+    for k in range(1, len(kept)):
+        if ks[k - 1] % ks[k] or kn[k] * ks[k] > ks[k - 1]:
+            raise ctx.error(f"{what}: the strides overlap or do not nest (dim {kept[k]}), "
+                            "which is no reshape, transpose, slice or expand of the input; "
+                            "write the view with those ops (or unfold) instead")
+    numel = flat.tensor_type.size
+    outer = ks[0] * kn[0] if kept else 1
+    if offset + outer > numel:  # the last row reaches past the end, but is never read there
+        flat = ctx.call("pad", flat, before=(0,), after=(offset + outer - numel,), value=0.0)
+    view = ctx.call("strided_slice", flat, begin=(offset,), end=(offset + outer,),
+                    strides=(1,), axes=(0,))
+    # rows of the outer stride, each split by the next stride, keeping its first sizes
+    shape = [kn[0], ks[0]] if kept else [1]
+    view = ctx.call("reshape", view, newshape=tuple(shape))
+    for k in range(1, len(kept)):
+        shape[-1:] = [ks[k - 1] // ks[k], ks[k]]
+        view = ctx.call("reshape", view, newshape=tuple(shape))
+        view = ctx.call("strided_slice", view, begin=(0,), end=(kn[k],), strides=(1,),
+                        axes=(len(shape) - 2,))
+        shape[-2] = kn[k]
+    if kept and ks[-1] > 1:
+        view = ctx.call("strided_slice", view, begin=(0,), end=(1,), strides=(1,),
+                        axes=(len(shape) - 1,))
+    view = ctx.call("reshape", view, newshape=tuple(kn))
+    # back to the requested order, the size-1 and stride-0 dims in their places
+    in_order = sorted(range(len(kept)), key=lambda k: kept[k])
+    if in_order != list(range(len(kept))):
+        view = ctx.call("transpose", view, axes=tuple(in_order))
+    squeezed = tuple(size[a] if a in kept else 1 for a in range(len(size)))
+    view = ctx.call("reshape", view, newshape=squeezed)
+    return view if squeezed == size else ctx.call("broadcast_to", view, shape=size)
+
+
+@OPS.converter("aten.gather.default")
+def _convert_gather(ctx: ImportContext, node, args, kwargs):
+    """torch.gather as one `take` from the flattened input: the flat index of each
+    element is its index along `dim` times that dim's stride plus its other
+    coordinates' offset (folded now)."""
+    x, dim, index = ctx.expr(args[0]), args[1], args[2]
+    dim = normalize_axis(dim, len(x.shape))
+    strides = [int(np.prod(x.shape[a + 1:], dtype=np.int64)) for a in range(len(x.shape))]
+    grids = np.indices(index.shape, dtype=np.int64)
+    base = sum(grids[a] * strides[a] for a in range(len(x.shape)) if a != dim)
+    flat_index = ctx.call("add", ctx.call("multiply", ctx.cast(index, "int64"),
+                                          ctx.const(strides[dim], "int64")),
+                          Constant(np.asarray(base, dtype=np.int64)))
+    flat = ctx.call("reshape", x, newshape=(x.tensor_type.size,))
+    return ctx.call("take", flat, flat_index, axis=0)

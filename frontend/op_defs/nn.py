@@ -840,8 +840,35 @@ def _resize2d_compute(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te
                                coordinate_transformation_mode=mode, rounding_method=rounding)
 
 
+def _resize_axis(x: np.ndarray, axis: int, out: int, method: str) -> np.ndarray:
+    """x resized along `axis` to `out` samples, with torch's source coordinates."""
+    size = x.shape[axis]
+    dst = np.arange(out, dtype=np.float64)
+    if method == "nearest":
+        return np.take(x, np.minimum(np.floor(dst * size / out).astype(np.int64), size - 1),
+                       axis=axis)
+    if method == "linear_align_corners":
+        src = dst * (size - 1) / (out - 1) if out > 1 else np.zeros(out)
+    else:
+        src = np.maximum((dst + 0.5) * size / out - 0.5, 0.0)
+    low = np.minimum(np.floor(src).astype(np.int64), size - 1)
+    high = np.minimum(low + 1, size - 1)
+    shape = [1] * x.ndim
+    shape[axis] = out
+    weight = (src - low).reshape(shape)
+    return np.take(x, low, axis=axis) * (1 - weight) + np.take(x, high, axis=axis) * weight
+
+
+def _resize2d_evaluate(args: list[np.ndarray], attrs: Attrs, out_type: Type) -> np.ndarray:
+    x = args[0].astype(np.float64)
+    for axis, out in zip((2, 3), attrs["size"], strict=True):
+        x = _resize_axis(x, axis, int(out), attrs["method"])
+    return x.astype(args[0].dtype)
+
+
 OPS.register("image.resize2d", _resize2d_rel, Pattern.INJECTIVE, 1,
              attrs={"size": REQUIRED, "method": "linear"}, compute=_resize2d_compute,
+             evaluate=_resize2d_evaluate,
              doc="torch's interpolate of NCHW data to `size`: nearest, bilinear "
                  "(linear) or bilinear with align_corners (linear_align_corners)")
 

@@ -170,6 +170,33 @@ def convertible(node: torch.fx.Node) -> bool:
     return node.target is operator.getitem or OPS.converter_for(str(node.target)) is not None
 
 
+def _reads_user_input(node: torch.fx.Node, specs: dict) -> bool:
+    """Whether a user input flows into `node` (else torch evaluates it at import)."""
+    stack = list(node.all_input_nodes)
+    seen = set()
+    while stack:
+        n = stack.pop()
+        if n.name in seen:
+            continue
+        seen.add(n.name)
+        if n.op == "placeholder" and specs[n.name].kind == InputKind.USER_INPUT:
+            return True
+        stack.extend(n.all_input_nodes)
+    return False
+
+
+def unsupported_calls(exported: ExportedProgram) -> dict[str, list[str]]:
+    """The import's op check: each op without a converter that a user input flows into
+    (calls on constants alone are evaluated at import), with its source lines."""
+    specs = {s.arg.name: s for s in exported.graph_signature.input_specs}
+    unsupported: dict[str, list[str]] = collections.defaultdict(list)
+    for node in exported.graph.nodes:
+        if node.op == "call_function" and not convertible(node) \
+                and _reads_user_input(node, specs):
+            unsupported[str(node.target)].append(source_location(node))
+    return dict(unsupported)
+
+
 def check_static_and_typed(exported: ExportedProgram) -> None:
     """The errors an import raises before its op check: dynamic input dimensions,
     data-dependent shapes, bfloat16 (ImportContext._check_static_and_typed)."""
@@ -290,13 +317,9 @@ class ImportContext:
         graph = ep.graph_module.graph
 
         self._check_static_and_typed(graph, specs, state)
-        unsupported: dict[str, list[str]] = collections.defaultdict(list)
-        for node in graph.nodes:
-            if node.op == "call_function" and not convertible(node):
-                if not self._all_constant_args(node, specs):
-                    unsupported[str(node.target)].append(source_location(node))
+        unsupported = unsupported_calls(ep)
         if unsupported:
-            raise UnsupportedOperatorError(dict(unsupported))
+            raise UnsupportedOperatorError(unsupported)
 
         for node in graph.nodes:
             self.node = node
@@ -341,20 +364,6 @@ class ImportContext:
             names[i] = key
         outputs = [TensorSpec(n, e.shape, e.dtype) for n, e in zip(names, out_exprs, strict=True)]
         return ImportedModel(func, inputs, outputs, structure, param_names)
-
-    def _all_constant_args(self, node: torch.fx.Node, specs: dict) -> bool:
-        """True when no user input flows into `node` (it will be evaluated by torch)."""
-        stack = [a for a in node.all_input_nodes]
-        seen = set()
-        while stack:
-            n = stack.pop()
-            if n.name in seen:
-                continue
-            seen.add(n.name)
-            if n.op == "placeholder" and specs[n.name].kind == InputKind.USER_INPUT:
-                return False
-            stack.extend(n.all_input_nodes)
-        return True
 
     def _lookup(self, arg: Any) -> Any:
         if isinstance(arg, torch.fx.Node):

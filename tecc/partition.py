@@ -41,6 +41,7 @@ from tecc.frontend.importer import (
     export_program,
     source_location,
     torch_dtype_name,
+    unsupported_calls,
 )
 from tecc.frontend.types import IRTypeError
 
@@ -495,8 +496,8 @@ def compile_with_fallback(model: torch.nn.Module | str | os.PathLike | ExportedP
 
 
 def _all_convertible(exported: ExportedProgram) -> bool:
-    return all(node.op != "call_function" or convertible(node)
-               for node in exported.graph.nodes)
+    """Whether the strict import takes the whole program (its op check passes)."""
+    return not unsupported_calls(exported)
 
 
 def region_graphs(model: torch.nn.Module | str | os.PathLike | ExportedProgram,

@@ -28,6 +28,7 @@ from tecc.schedules.blocks import (
     root_blocks,
 )
 from tecc.schedules.template import ScheduleContext, templates_for
+from tvm.s_tir import SBlockRealize
 from tvm.s_tir.schedule import Schedule
 
 from tecc.target import target_info
@@ -288,16 +289,60 @@ def unbound_blocks(prim: tvm.tirx.PrimFunc) -> list[str]:
     return loose
 
 
+def uneven_thread_extents(prim: tvm.tirx.PrimFunc) -> dict[str, list[int]]:
+    """The thread tags that loops of one kernel of `prim` (one statement of the root
+    block's body) bind with different extents, and those extents. TVM launches such a
+    kernel with one of them, so the loops of the others run on too few threads (a
+    cross-thread reduction over 32 lanes in a block of 25 misses 7) or on too many."""
+    body = prim.body
+    # down through the root block and what wraps its body (buffer declarations)
+    while isinstance(body, SBlockRealize) or hasattr(body, "body") and not isinstance(
+            body, (tvm.tirx.For, tvm.tirx.SeqStmt)):
+        body = body.block.body if isinstance(body, SBlockRealize) else body.body
+    kernels = list(body.seq) if isinstance(body, tvm.tirx.SeqStmt) else [body]
+    uneven: dict[str, list[int]] = {}
+    for kernel in kernels:
+        extents: dict[str, set[int]] = {}
+        stack = [kernel]
+        while stack:
+            stmt = stack.pop()
+            if isinstance(stmt, SBlockRealize):
+                stack.append(stmt.block.body)
+            elif isinstance(stmt, tvm.tirx.SeqStmt):
+                stack.extend(stmt.seq)
+            elif isinstance(stmt, tvm.tirx.IfThenElse):
+                stack.extend(s for s in (stmt.then_case, stmt.else_case) if s is not None)
+            elif hasattr(stmt, "body"):
+                if isinstance(stmt, tvm.tirx.For) and stmt.thread_binding is not None \
+                        and isinstance(stmt.extent, tvm.tirx.IntImm):
+                    tag = str(stmt.thread_binding.thread_tag)
+                    extents.setdefault(tag, set()).add(int(stmt.extent))
+                stack.append(stmt.body)
+        for tag, values in extents.items():
+            if len(values) > 1:
+                uneven[tag] = sorted(values)
+    return uneven
+
+
 def check_bound(prim: tvm.tirx.PrimFunc, name: str = "") -> None:
     """Raise UnboundKernelError when a block of `prim` runs outside every GPU thread
-    binding (it would otherwise be compiled as a host loop over device memory)."""
+    binding (it would otherwise be compiled as a host loop over device memory), or
+    when one kernel binds a thread axis with different extents."""
+    kernel = name or prim.attrs.get("global_symbol")
     loose = unbound_blocks(prim)
     if loose:
         raise UnboundKernelError(
-            f"kernel {name or prim.attrs.get('global_symbol')}: block(s) {loose} are not bound "
+            f"kernel {kernel}: block(s) {loose} are not bound "
             "to blockIdx/threadIdx; the GPU schedule left them as loops. This is a bug in the "
             "GPU schedule of this group: report it with the model (tecc.compile(..., "
             "target='cuda'))")
+    uneven = uneven_thread_extents(prim)
+    if uneven:
+        raise UnboundKernelError(
+            f"kernel {kernel}: loops bound to the same thread axis have different extents "
+            f"({', '.join(f'{tag}: {v}' for tag, v in uneven.items())}); the kernel would run "
+            "part of them on too few threads. This is a bug in the GPU schedule of this "
+            "group: report it with the model (tecc.compile(..., target='cuda'))")
 
 
 def launch_extents(prim: tvm.tirx.PrimFunc) -> dict[str, int]:

@@ -206,6 +206,9 @@ def schedule_rows(sch: Schedule, info: _Rows, threads: int, per_block: int, vect
                   cache: str) -> None:
     """The row schedule of the module docstring on `sch` (injective blocks inlined)."""
     out = info.out
+    # every loop of the kernel bound to threadIdx.x has this extent: TVM launches a
+    # kernel with one extent per axis (see gpu_default.uneven_thread_extents)
+    threads = min(threads, info.k)
     rows, inner = row_loops(sch, info)
     if not rows:  # one row: a unit loop stands for it
         rows = [sch.add_unit_loop(sch.get_loops(out)[0])]
@@ -219,14 +222,14 @@ def schedule_rows(sch: Schedule, info: _Rows, threads: int, per_block: int, vect
         # a row's maximum or sum, read by every thread of the row
         sch.set_scope(block, 0, "local")
     if cache == "shared":
-        _cache_row(sch, info, ty, threads, vector)
+        _cache_row(sch, info, bx, threads, per_block, vector)
     for red in info.reductions:
         _bind_reduction(sch, sch.get_sblock(block_name(sch, red)), threads)
     if inner is not None:
         _bind_row_loop(sch, inner, threads, vector)
     elif info.out_kind == "rows" and threads > 1:
         # one value per row: thread 0 of the row stores it
-        _, tx = sch.split(sch.add_unit_loop(out), [None, 1])
+        _, tx = sch.split(sch.add_unit_loop(out), [1, threads])
         sch.bind(tx, "threadIdx.x")
 
 
@@ -254,7 +257,7 @@ def _bind_row_loop(sch: Schedule, loop, threads: int, vector: int) -> None:
     exact split so that the vector loop carries no predicate."""
     extent = int(sch.get(loop).extent)
     outer, lanes = sch.split(loop, [extent // vector, vector])
-    _, tx = sch.split(outer, [None, min(threads, extent // vector)])
+    _, tx = sch.split(outer, [None, threads])
     sch.bind(tx, "threadIdx.x")
     if vector > 1:
         sch.vectorize(lanes)
@@ -267,14 +270,15 @@ def _bind_reduction(sch: Schedule, block, threads: int) -> None:
     if not red:
         return
     k = sch.fuse(*red) if len(red) > 1 else red[0]
-    extent = int(sch.get(k).extent)
-    _, tx = sch.split(k, [None, min(threads, extent)])
+    _, tx = sch.split(k, [None, threads])
     sch.bind(tx, "threadIdx.x")
 
 
-def _cache_row(sch: Schedule, info: _Rows, at, threads: int, vector: int) -> None:
-    """The row of the input the reductions read, loaded into shared memory under the
-    row loop `at` (by all threads, `vector`-wide) and read from there by every pass."""
+def _cache_row(sch: Schedule, info: _Rows, at, threads: int, per_block: int,
+               vector: int) -> None:
+    """The rows of the input the reductions read, loaded into shared memory under the
+    block loop `at` by all threads of the block (threadIdx.y and threadIdx.x,
+    `vector`-wide) and read from there by every pass."""
     buffer, _ = _reduced_dims(sch, info.reductions[0])
     first = sch.get_sblock(block_name(sch, info.reductions[0]))
     index = next(i for i, r in enumerate(sch.get(first).reads) if r.source.same_as(buffer))
@@ -282,7 +286,13 @@ def _cache_row(sch: Schedule, info: _Rows, at, threads: int, vector: int) -> Non
     sch.compute_at(cached, at, preserve_unit_loops=True)
     below = sch.get_loops(cached)[_depth_of(sch, at, cached):]
     row = sch.fuse(*below) if len(below) > 1 else below[0]
-    _bind_row_loop(sch, row, threads, vector)
+    extent = int(sch.get(row).extent)  # per_block rows of k: k % vector == 0
+    outer, lanes = sch.split(row, [extent // vector, vector])
+    _, ty, tx = sch.split(outer, [None, per_block, threads])
+    sch.bind(ty, "threadIdx.y")
+    sch.bind(tx, "threadIdx.x")
+    if vector > 1:
+        sch.vectorize(lanes)
 
 
 def row_period(sch: Schedule, info: _Rows) -> int:

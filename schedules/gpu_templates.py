@@ -43,9 +43,10 @@ TILES: tuple[tuple[int, int, int, int, int, int], ...] = (
     (8, 16, 1, 1, 4, 4),   # 32 x 64 (dlight's default)
     (8, 8, 1, 1, 4, 4),    # 32 x 32
     (8, 8, 1, 1, 2, 2),    # 16 x 16, 64 threads
-    (16, 16, 1, 1, 1, 1),  # 16 x 16, 256 threads (a knob value only: 0.6-0.8x of the
-                           # 64-thread tile on the H200's small grids)
+    (16, 16, 1, 1, 1, 1),  # 16 x 16, 256 threads (for plain GEMMs a knob value only:
+                           # 0.6-0.8x of the 64-thread tile on the H200's small grids)
 )
+SMALL_TILE, WIDE_SMALL_TILE = (8, 8, 1, 1, 2, 2), (16, 16, 1, 1, 1, 1)
 # The fallback's tile: the largest of at least 64 x 64 whose grid fills the GPU about
 # twice (a block waiting on its loads has another to switch to), else the largest
 # that fills it once (measured on the H200: 2048x768x3072 at 64 x 64 28 TFLOP/s,
@@ -115,7 +116,7 @@ def fallback_tile(batch: int, m: int, n: int, sms: int) -> tuple[int, ...]:
         for tile, area, blocks in grids:
             if area >= min_area and blocks >= waves * sms:
                 return tile
-    return (8, 8, 1, 1, 2, 2)
+    return SMALL_TILE
 
 
 # Per-multiprocessor limits the occupancy estimate uses (sm_70 and later).
@@ -250,6 +251,12 @@ class GpuMatmulTemplate(Template):
         sms = info.multiprocessors or 108
         rule = "gemv" if m == 1 and batch == 1 else "low_batch_gemv" if m <= 16 else "simt"
         tile = fallback_tile(batch, m, n, sms)
+        if "kernel" in (ctx.workload or {}) and tile == SMALL_TILE \
+                and grid_blocks(tile, batch, m, n) < 2 * sms:
+            # a conv's im2col gather on a small grid: four times the threads on the same
+            # 16 x 16 tile hide its loads (H200, ResNet-18 at batch 1: 512x7x7 1.89
+            # TFLOP/s against 0.80, 256x14x14 3.07 against 1.79)
+            tile = WIDE_SMALL_TILE
         vector = 4 if k % 4 == 0 and n % 4 == 0 else 2 if k % 2 == 0 and n % 2 == 0 else 1
         micro_k, pipeline = 16 if k >= 64 else 8, "none"
         tm, tn = tile_shape(tile)
@@ -265,6 +272,13 @@ class GpuMatmulTemplate(Template):
                 "vector": vector, "pipeline": pipeline})
             while micro_k > 16 and shared_bytes(tile, micro_k, two_tiles) > smem:
                 micro_k //= 2
+        elif rule == "simt" and k >= 256 and register_staged(ctx.workload or {}, {
+                "rule": rule, "tile": tile_name(tile), "micro_k": micro_k,
+                "vector": vector, "pipeline": "double"}):
+            # A plain GEMM whose operands load in whole vectors: the next k step's
+            # loads wait in registers while this one's FMAs run, at no shared memory
+            # (H200: 4096^3 at 128 x 128, 49.8 TFLOP/s against 36.0).
+            pipeline = "double"
         return space.from_json({"rule": rule, "tile": tile_name(tile), "micro_k": micro_k,
                                 "vector": vector, "unroll": 256, "pipeline": pipeline})
 

@@ -132,6 +132,29 @@ def test_every_kernel_is_bound_and_unbound_ones_are_refused():
     assert any(t.startswith("threadIdx.") for t in launch_extents(scheduled))
 
 
+def test_a_kernel_binding_one_thread_axis_at_two_extents_is_refused():
+    """A reduction over 32 lanes and a store over 25 in one kernel: TVM launches one
+    extent and leaves part of the loops without threads (a wrong sum, no error)."""
+    import tvm
+    from tvm import te
+    from tvm.s_tir.schedule import Schedule
+
+    a = te.placeholder((8, 32), name="a")
+    k = te.reduce_axis((0, 32), name="k")
+    total = te.compute((8,), lambda i: te.sum(a[i, k], axis=k), name="total")
+    b = te.compute((8, 25), lambda i, j: a[i, j] - total[i], name="b")
+    sch = Schedule(tvm.IRModule({"main": te.create_prim_func([a, b])}))
+    out = sch.get_sblock("b")
+    i, j = sch.get_loops(out)
+    sch.bind(i, "blockIdx.x")
+    sch.bind(j, "threadIdx.x")
+    red = sch.get_sblock("total")
+    sch.compute_at(red, i)
+    sch.bind(sch.get_loops(red)[-1], "threadIdx.x")
+    with pytest.raises(UnboundKernelError, match=r"threadIdx.x: \[25, 32\]"):
+        check_bound(sch.mod["main"], "uneven")
+
+
 def test_nvcc_missing_is_a_clear_error(monkeypatch, tmp_path):
     import tecc.cuda_toolchain as toolchain
 

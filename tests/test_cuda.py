@@ -91,6 +91,23 @@ def test_model_builds_for_cuda_and_matches_torch(name, tmp_path):
 
 
 
+def test_nan_and_inf_go_through_exp_tanh_erf_and_softmax_on_the_gpu():
+    """CUDA's max and min return the other operand of a NaN: the fast polynomials'
+    clamps and the softmax's row maximum must not turn NaN into numbers."""
+    from tests.test_semantics import Transcendental, transcendental_input
+
+    x = transcendental_input()
+    compiled = tecc.compile(Transcendental(), (x,), target=f"cuda:{ARCH}")
+    if GPU:
+        with torch.no_grad():
+            expected = Transcendental().cuda()(x.cuda())
+        for i, (g, e) in enumerate(zip(compiled(x.cuda()), expected, strict=True)):
+            g, e = g.cpu(), e.cpu()
+            if i == 4:  # gelu at inf: see tests/test_semantics.py
+                g, e = g[x != float("inf")], e[x != float("inf")]
+            torch.testing.assert_close(g, e, equal_nan=True, msg=f"output {i}")
+
+
 def test_package_records_the_arch_and_runs_only_on_it(tmp_path):
     module, inputs = build_case("linear", CASES["linear"][2])
     compiled = tecc.compile(module, inputs, target=f"cuda:{ARCH}")

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import tvm
@@ -134,21 +135,61 @@ def as_bool(x: tvm.tirx.PrimExpr) -> tvm.tirx.PrimExpr:
 FAST_MATH_DTYPES = ("float32",)
 
 
+def _keep_nan(x: te.Tensor, y: te.Tensor, name: str) -> te.Tensor:
+    """y, NaN where x is NaN: topi's fast_erf and fast_tanh clamp x first, and the
+    clamp turns NaN into a bound on CUDA (its min / max return the other operand)
+    and for erf on the CPU too."""
+    return te.compute(x.shape, lambda *i: tvm.tirx.Select(tvm.tirx.isnan(x[i]), x[i], y[i]),
+                      name=name)
+
+
 def erf_of(x: te.Tensor) -> te.Tensor:
     if x.dtype in FAST_MATH_DTYPES:
-        return topi.fast_erf(x)
+        return _keep_nan(x, topi.fast_erf(x), "erf")
     return te.compute(x.shape, lambda *i: tvm.tirx.erf(x[i]), name="erf")
+
+
+# topi.fast_exp's float32 polynomial (its constants): 2^n * p(f), x = n ln 2 + f
+_EXP_CLAMP = (88.3762626647950, -88.3762626647949)
+_EXP_POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2,
+             1.6666665459e-1, 5.0000001201e-1)
+
+
+def fast_exp(x: te.Tensor) -> te.Tensor:
+    """topi.fast_exp with NaN kept on every target. topi ends in max(2^n * p(f), x),
+    which keeps a NaN x on LLVM (a compare and select that returns x when the compare
+    fails) but not on CUDA, whose max returns the other operand: softmax over a row
+    holding NaN then gave numbers. The same compare and select, written out, costs
+    the same on the CPU."""
+    dtype = x.dtype
+
+    def element(*i: Any) -> tvm.tirx.PrimExpr:
+        v = x[i]
+        clamped = tvm.tirx.max(tvm.tirx.min(v, const(_EXP_CLAMP[0], dtype)),
+                               const(_EXP_CLAMP[1], dtype))
+        n = tvm.tirx.floor(clamped * const(1.44269504088896341, dtype) + const(0.5, dtype))
+        f = clamped - n * const(0.6931471805599453, dtype)
+        y = const(_EXP_POLY[0], dtype)
+        for c in _EXP_POLY[1:]:
+            y = y * f + const(c, dtype)
+        y = y * f * f + f + const(1.0, dtype)
+        two_n = tvm.tirx.reinterpret(dtype, tvm.tirx.Cast("int32", n + const(127.0, dtype))
+                                     << 23)
+        r = two_n * y
+        return tvm.tirx.Select(r > v, r, v)
+
+    return te.compute(x.shape, element, name="T_fast_exp", tag="elemwise")
 
 
 def exp_of(x: te.Tensor) -> te.Tensor:
     if x.dtype in FAST_MATH_DTYPES:
-        return topi.fast_exp(x)
+        return fast_exp(x)
     return te.compute(x.shape, lambda *i: tvm.tirx.exp(x[i]), name="exp")
 
 
 def tanh_of(x: te.Tensor) -> te.Tensor:
     if x.dtype in FAST_MATH_DTYPES:
-        return topi.fast_tanh(x)
+        return _keep_nan(x, topi.fast_tanh(x), "tanh")
     return te.compute(x.shape, lambda *i: tvm.tirx.tanh(x[i]), name="tanh")
 
 

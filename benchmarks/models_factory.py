@@ -1,4 +1,5 @@
-"""`module:function` factories of the reference models at batch 1, for `tecc tune`:
+"""`module:function` factories of the reference models at batch 1 (`_b16`: batch 16),
+for `tecc tune`:
 
     tecc tune benchmarks.models_factory:resnet18 --records tuning_logs/llvm_core-avx2.jsonl
 """
@@ -8,8 +9,8 @@ from __future__ import annotations
 from tests.models import example_models
 
 
-def _get(name: str):
-    model, inputs = example_models(batch=1)[name]
+def _get(name: str, batch: int = 1):
+    model, inputs = example_models(batch=batch)[name]
     return model, inputs
 
 
@@ -17,8 +18,16 @@ def resnet18():
     return _get("resnet18")
 
 
+def resnet18_b16():
+    return _get("resnet18", 16)
+
+
 def mobilenet_v2():
     return _get("mobilenet_v2")
+
+
+def mobilenet_v2_b16():
+    return _get("mobilenet_v2", 16)
 
 
 def mlp():
@@ -38,3 +47,9 @@ def bert_base():
     from benchmarks.e2e_gpu import bert_base as make
 
     return make(1)
+
+
+def bert_base_b16():
+    from benchmarks.e2e_gpu import bert_base as make
+
+    return make(16)

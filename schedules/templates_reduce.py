@@ -273,6 +273,12 @@ def _apply_row_mode(sch: Schedule, info: _Rows, config: Config) -> None:
     p, ko, kv = config["k_split"]
     par = config["parallel"] == "rows"
     out = info.out
+    if kv > 1 or p > 1:
+        # TVM's rfactor fails a block-realize check when a block without loops sits at
+        # the root (the division of a mean to a scalar): a unit loop around it
+        for block in root_blocks(sch):
+            if not sch.get_loops(block):
+                sch.add_unit_loop(block)
     rfs = [_rfactor(sch, red, p, ko, kv) for red in info.reductions] if kv > 1 or p > 1 else []
     # the output's row loop
     rows, lin = row_loops(sch, info)
@@ -467,6 +473,11 @@ class PoolTemplate(Template):
             elif depth:
                 ploops = sch.get_loops(pad)
                 sch.parallel(sch.fuse(ploops[0], ploops[1]))
+            # the padded copy along its contiguous axis (cb, or w in NCHW): a scalar
+            # copy of the plane took as long as the pool itself
+            pad_tail = sch.get_loops(pad)[-1]
+            if nchwc and static_extent(sch, pad_tail) > 1:
+                sch.vectorize(pad_tail)
         if depth:
             sch.parallel(outer)
         if config["unroll_window"]:

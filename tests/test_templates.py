@@ -530,3 +530,21 @@ def test_winograd_can_be_turned_off():
     want = model(x).detach().numpy()
     for cm in (on, off):
         np.testing.assert_allclose(cm(x).numpy(), want, rtol=1e-4, atol=1e-4)
+
+
+class _Scalars(torch.nn.Module):
+    def forward(self, x):
+        return x.mean(), x.sum(), x.amax()
+
+
+@pytest.mark.parametrize("shape", [(4, 8), (3, 5, 7)])
+def test_a_reduction_to_a_scalar_takes_the_reduce_template(shape):
+    """mean to a scalar: the division is a root block without loops, where TVM's
+    rfactor failed and the generic schedule stood in."""
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(4))
+    compiled = tecc.compile(_Scalars(), (x,))
+    reduce = [t for t in compiled.tasks() if t["template"] == "reduce"]
+    assert reduce and all(t["source"] == "fallback" and t["error"] is None for t in reduce), \
+        compiled.tasks()
+    for got, expected in zip(compiled(x), _Scalars()(x), strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)

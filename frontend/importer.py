@@ -197,12 +197,21 @@ def unsupported_calls(exported: ExportedProgram) -> dict[str, list[str]]:
     return dict(unsupported)
 
 
-def check_static_and_typed(exported: ExportedProgram) -> None:
+def check_static_and_typed(exported: ExportedProgram, data_dependent: bool = False) -> None:
     """The errors an import raises before its op check: dynamic input dimensions,
-    data-dependent shapes, bfloat16 (ImportContext._check_static_and_typed)."""
+    data-dependent shapes (unless `data_dependent`: the partitioner leaves them to
+    torch), bfloat16 (ImportContext._check_static_and_typed)."""
     specs = {s.arg.name: s for s in exported.graph_signature.input_specs}
     ImportContext._check_static_and_typed(exported.graph, specs,
-                                          {**exported.state_dict, **exported.constants})
+                                          {**exported.state_dict, **exported.constants},
+                                          data_dependent)
+
+
+def data_dependent_shape(node: torch.fx.Node) -> bool:
+    """Whether a node's tensor value has a dimension that depends on the data (a
+    boolean mask's selection, nonzero): an unbacked symbol, not an int."""
+    val = node.meta.get("val")
+    return isinstance(val, torch.Tensor) and not all(isinstance(d, int) for d in val.shape)
 
 
 class ImportContext:
@@ -273,7 +282,8 @@ class ImportContext:
     # The walk ------------------------------------------------------------------
 
     @staticmethod
-    def _check_static_and_typed(graph: torch.fx.Graph, specs: dict, state: dict) -> None:
+    def _check_static_and_typed(graph: torch.fx.Graph, specs: dict, state: dict,
+                                data_dependent: bool = False) -> None:
         """tecc's own errors, before the op check would list their symptoms as
         unsupported ops: dynamic input dimensions, data-dependent shapes (a boolean
         mask, nonzero), and bfloat16 tensors (numpy, the runtime's arrays, has none)."""
@@ -294,12 +304,13 @@ class ImportContext:
                         f"input {node.name!r} is bfloat16, which tecc does not compute "
                         "(numpy, the runtime's array type, has no bfloat16): cast the model "
                         "and inputs to float32 or float16, e.g. model.float(), x.float()")
-            elif symbolic:
+            elif symbolic and not data_dependent:
                 raise ImportError_(
                     f"{source_location(node)}: {node.target} has a shape that depends on "
                     f"the data ({tuple(val.shape)}), e.g. a boolean mask x[x > 0] or nonzero: "
                     "tecc compiles static shapes. Keep the shape fixed, e.g. "
-                    "torch.where(mask, x, 0)")
+                    "torch.where(mask, x, 0), or compile with fallback=\"torch\" to run "
+                    "it in torch")
         for name, tensor in state.items():
             if isinstance(tensor, torch.Tensor) and tensor.dtype == torch.bfloat16:
                 raise ImportError_(

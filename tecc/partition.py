@@ -37,6 +37,7 @@ from tecc.frontend.importer import (
     UnsupportedOperatorError,
     check_static_and_typed,
     convertible,
+    data_dependent_shape,
     decomposition_table,
     export_program,
     source_location,
@@ -83,6 +84,9 @@ class ConverterSupport(OperatorSupportBase):
     def is_node_supported(self, submodules: Any, node: torch.fx.Node) -> bool:
         if node.op != "call_function" or not convertible(node):
             return False
+        if data_dependent_shape(node) or any(data_dependent_shape(n)
+                                             for n in node.all_input_nodes):
+            return False  # a shape known only at run time: torch computes it
         if node.target is operator.getitem:
             source = node.args[0]
             return isinstance(source, torch.fx.Node) and self.is_node_supported(submodules,
@@ -164,7 +168,7 @@ def _op_counts(nodes: Any) -> dict[str, int]:
 def exported_program(model: torch.nn.Module | str | os.PathLike | ExportedProgram,
                      example_inputs: Sequence[Any] | None) -> ExportedProgram:
     """The core-ATen program the importer would import (checked for what no region
-    could change: dynamic and data-dependent shapes, bfloat16)."""
+    could change: dynamic input shapes, bfloat16; data-dependent shapes stay in torch)."""
     if isinstance(model, str | os.PathLike):
         exported = torch.export.load(os.fspath(model))
     elif isinstance(model, ExportedProgram):
@@ -174,7 +178,7 @@ def exported_program(model: torch.nn.Module | str | os.PathLike | ExportedProgra
     else:
         exported = export_program(model, example_inputs)
     exported = exported.run_decompositions(decomposition_table())
-    check_static_and_typed(exported)
+    check_static_and_typed(exported, data_dependent=True)
     return exported
 
 
@@ -496,8 +500,10 @@ def compile_with_fallback(model: torch.nn.Module | str | os.PathLike | ExportedP
 
 
 def _all_convertible(exported: ExportedProgram) -> bool:
-    """Whether the strict import takes the whole program (its op check passes)."""
-    return not unsupported_calls(exported)
+    """Whether the strict import takes the whole program (its op check passes, no
+    shape depends on the data)."""
+    return not unsupported_calls(exported) and not any(
+        data_dependent_shape(n) for n in exported.graph.nodes)
 
 
 def region_graphs(model: torch.nn.Module | str | os.PathLike | ExportedProgram,

@@ -145,6 +145,31 @@ def test_a_scalar_torch_computes_keeps_its_consumer_in_torch():
             assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
 
 
+def test_a_shape_that_depends_on_the_data_runs_in_torch():
+    """A boolean mask's selection has a length known only at run time: the mask and
+    what reads the selection run in torch, the layers before it are compiled."""
+    class Masked(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = torch.nn.Linear(8, 16)
+
+        def forward(self, x):
+            y = torch.tanh(self.a(x)) * 2.0
+            return y[y > 0.5].sum() + y.mean(), y
+
+    torch.manual_seed(5)
+    model = Masked().eval()
+    compiled = _compile_quietly(model, (_fresh(4, 8, seed=22),))
+    assert isinstance(compiled, PartitionedModel) and compiled.regions
+    assert "aten.index.Tensor" in compiled.torch_ops, compiled.torch_ops
+    for seed in (23, 24):  # other inputs select other counts
+        x = _fresh(4, 8, seed=seed)
+        with torch.no_grad():
+            assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+    with pytest.raises(tecc.frontend.importer.ImportError_, match='fallback="torch"'):
+        tecc.compile(model, (_fresh(4, 8, seed=22),))
+
+
 def test_the_first_call_warns_once_naming_the_ops(one):
     model, _ = one
     compiled = _compile_quietly(model, (_fresh(4, 16, seed=7),))

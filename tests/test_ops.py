@@ -49,6 +49,8 @@ CASES = {
     "scalars": (lambda x: (x * 0.5 + 2) / 3 - 1, [(4, 5)], [(7,)]),
     "pow_max_min": (lambda x, y: torch.maximum(x, y) + torch.minimum(x, y) ** 2,
                     [(3, 4), (4,)], [(2, 3), (2, 3)]),
+    "pow_constants": (lambda x: x ** 3 - x ** 2 + (x.abs() + 1) ** 0.5 + (x.abs() + 1) ** -1
+                      + (x.abs() + 1) ** 1.7, [(4, 33)], [(2, 17)]),
     "compare_where": (lambda x, y: torch.where(x > y, x, y * 2) + (x <= 0).float(),
                       [(3, 4), (3, 4)], [(5, 1), (1, 6)]),
     # linear algebra
@@ -174,6 +176,18 @@ def test_ops_with_a_converter_import_natively(activation, op):
     with torch.no_grad():
         expected = model(x)
     assert_close(tecc.compile(model, (x,))(x), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_constant_exponents_are_multiplications_and_roots():
+    """x ** 3 (gelu's tanh form) as x * x * x, x ** 0.5 as sqrt, x ** -1 as 1 / x, as
+    torch's pow kernel computes them; another exponent stays a power."""
+    model = Lambda(lambda x: x ** 3 + torch.pow(x, 2.0) + x.abs() ** -0.5 + x ** -1 + x ** 1.5)
+    x = randn(3, 8, seed=6)
+    calls = [n.op for n in post_order(from_torch(model, (x,)).func.body)
+             if isinstance(n, Call)]
+    assert calls.count("power") == 1 and "rsqrt" in calls and "divide" in calls, calls
+    torch.testing.assert_close(tecc.compile(model, (x,))(x), model(x), equal_nan=True,
+                               rtol=1e-5, atol=1e-6)
 
 
 def test_embedding_and_int_inputs():

@@ -228,8 +228,14 @@ def np_elemwise(fn: Callable[..., np.ndarray]) -> Evaluator:
 # -- eager's NaN semantics: torch's max/min-based ops keep NaN (relu(NaN) = NaN, a pool
 # window holding NaN gives NaN); LLVM's and CUDA's max/min return the other operand.
 
+def prim_dtype(x: Any) -> str:
+    """The dtype of an element expression: a tensor element (te's TensorSlice) or any
+    PrimExpr (a call, a cast, an immediate)."""
+    return str(x.dtype) if isinstance(x, te.tensor.TensorSlice) else str(x.ty.dtype)
+
+
 def _is_float(x: tvm.tirx.PrimExpr) -> bool:
-    return is_float_dtype(x.ty.dtype)
+    return is_float_dtype(prim_dtype(x))
 
 
 def _is_const(x: tvm.tirx.PrimExpr) -> bool:

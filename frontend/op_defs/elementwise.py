@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import tvm
-from tecc.frontend.ir import Constant
+from tecc.frontend.ir import Constant, Expr
 from tecc.frontend.op_defs.common import (
     arity,
     as_bool,
@@ -27,6 +27,7 @@ from tecc.frontend.op_defs.common import (
     np_elemwise,
     np_is_float,
     out_tensor,
+    prim_dtype,
     same_type,
     sigmoid_of,
     tanh_of,
@@ -271,18 +272,18 @@ def _convert_to_copy(ctx: ImportContext, node, args, kwargs):
 
 
 def _divide(a, b):
-    return a / b if is_float_dtype(a.dtype) else tir.truncdiv(a, b)
+    return a / b if is_float_dtype(prim_dtype(a)) else tir.truncdiv(a, b)
 
 
 def _floor_divide(a, b):
-    return tir.floor(a / b) if is_float_dtype(a.dtype) else tir.floordiv(a, b)
+    return tir.floor(a / b) if is_float_dtype(prim_dtype(a)) else tir.floordiv(a, b)
 
 
 def _power(a, b):
-    if is_float_dtype(a.dtype):
+    if is_float_dtype(prim_dtype(a)):
         return tir.power(a, b)
     # integer powers through float64: exact for the small values models use
-    return tir.round(tir.power(a.astype("float64"), b.astype("float64"))).astype(a.dtype)
+    return tir.round(tir.power(a.astype("float64"), b.astype("float64"))).astype(prim_dtype(a))
 
 
 def _divide_np(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -323,6 +324,29 @@ def _binary_converter(op: str, result_is_bool: bool = False) -> Converter:
     return convert
 
 
+def _convert_power(ctx: ImportContext, node, args, kwargs):
+    """x ** c for the constant exponents torch's own pow kernel special-cases, as
+    multiplications, sqrt and divisions (gelu's tanh form cubes its input: a powf call
+    per element was 60% of an ALBERT's time); any other exponent is a power."""
+    base, exponent = args[0], args[1]
+    if isinstance(exponent, bool) or not isinstance(exponent, int | float) \
+            or not isinstance(base, Expr) or not is_float_dtype(ctx.out_dtype()):
+        return _binary_converter("power")(ctx, node, args, kwargs)
+    x = ctx.cast(base, ctx.out_dtype())
+    one = ctx.const(1.0, ctx.out_dtype())
+    if exponent in (2, 3, 4):
+        square = ctx.call("multiply", x, x)
+        return (square if exponent == 2 else ctx.call("multiply", square, x)
+                if exponent == 3 else ctx.call("multiply", square, square))
+    if exponent == 1:
+        return x
+    if exponent in (0.5, -0.5):
+        return ctx.call("sqrt" if exponent > 0 else "rsqrt", x)
+    if exponent in (-1, -2):
+        return ctx.call("divide", one, x if exponent == -1 else ctx.call("multiply", x, x))
+    return _binary_converter("power")(ctx, node, args, kwargs)
+
+
 _OVERLOADS = ("Tensor", "Scalar", "Tensor_Scalar", "Tensor_Tensor", "default")
 # name, ATen names (all their overloads), TE compute of the elements, numpy
 _ARITHMETIC: list[tuple[str, tuple[str, ...], Callable, Callable]] = [
@@ -339,7 +363,8 @@ for _name, _atens, _fn, _np_fn in _ARITHMETIC:
     OPS.register(_name, broadcast_rel(2), Pattern.BROADCAST, 2,
                  compute=elemwise_compute(_fn, _name), evaluate=np_elemwise(_np_fn))
     for _aten in _atens:
-        OPS.converter(*(f"aten.{_aten}.{o}" for o in _OVERLOADS))(_binary_converter(_name))
+        convert = _convert_power if _name == "power" else _binary_converter(_name)
+        OPS.converter(*(f"aten.{_aten}.{o}" for o in _OVERLOADS))(convert)
 
 _COMPARISONS: list[tuple[str, str, Callable, Callable]] = [
     ("equal", "eq", lambda a, b: a == b, np.equal),

@@ -135,11 +135,22 @@ def as_bool(x: tvm.tirx.PrimExpr) -> tvm.tirx.PrimExpr:
 FAST_MATH_DTYPES = ("float32",)
 
 
+def unless_nan(x: Any, value: Any) -> tvm.tirx.PrimExpr:
+    """`value`, or x where the float x is NaN: select(x >= -inf, value, x), the one
+    ordered compare that fails for NaN alone. TVM's isnan builtin stops its vectorizer
+    (the loop became a gather and scatter per lane: a NaN-keeping max pool ran
+    scalar), and it folds x != x, or not(x >= -inf), to false."""
+    x = x.asobject() if hasattr(x, "asobject") else x
+    if not is_float_dtype(prim_dtype(x)):
+        return value
+    return tvm.tirx.Select(x >= const(-np.inf, prim_dtype(x)), value, x)
+
+
 def _keep_nan(x: te.Tensor, y: te.Tensor, name: str) -> te.Tensor:
     """y, NaN where x is NaN: topi's fast_erf and fast_tanh clamp x first, and the
     clamp turns NaN into a bound on CUDA (its min / max return the other operand)
     and for erf on the CPU too."""
-    return te.compute(x.shape, lambda *i: tvm.tirx.Select(tvm.tirx.isnan(x[i]), x[i], y[i]),
+    return te.compute(x.shape, lambda *i: unless_nan(x[i], y[i]),
                       name=name)
 
 
@@ -261,8 +272,7 @@ def _nan_wins(a: tvm.tirx.PrimExpr, b: tvm.tirx.PrimExpr, larger: bool) -> tvm.t
         a, b = b, a
     if _is_const(b):
         return tvm.tirx.Select(b > a, b, a) if larger else tvm.tirx.Select(a > b, b, a)
-    plain = tvm.tirx.Select(tvm.tirx.isnan(b), b, plain)
-    return tvm.tirx.Select(tvm.tirx.isnan(a), a, plain)
+    return unless_nan(a, unless_nan(b, plain))
 
 
 def nan_max(a: tvm.tirx.PrimExpr, b: tvm.tirx.PrimExpr) -> tvm.tirx.PrimExpr:

@@ -114,10 +114,16 @@ class ConfigSpace:
 
     def define_split(self, name: str, extent: int, num_outputs: int = 2,
                      policy: str = "factors", max_factor: int | None = None,
-                     filter_fn: Any = None) -> Knob:
+                     filter_fn: Any = None, ragged: Sequence[tuple[int, ...]] = ()) -> Knob:
+        """`ragged`: further options whose product exceeds `extent` (a partial last
+        tile, e.g. 197 as 7 x 32), after the exact ones."""
         options = factorizations(extent, num_outputs, policy, max_factor)
         if filter_fn is not None:
             options = [o for o in options if filter_fn(o)] or options[:1]
+        for option in ragged:
+            if len(option) != num_outputs or math.prod(option) < extent:
+                raise ValueError(f"split {name!r}: {option} does not cover {extent}")
+        options += [o for o in ragged if o not in options]
         return self._add(Knob(name, "split", tuple(options)))
 
     def define_choice(self, name: str, values: Sequence[Any]) -> Knob:

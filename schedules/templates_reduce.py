@@ -20,9 +20,16 @@ from cache, not memory, by its later passes.
   column mode (the last axis is kept, e.g. sum over axis 0, softmax over dim 1): the
     kept last axis is split (`c_split`) and its inner part vectorized under the
     reduction loops; the rest is parallel.
-Every knob value gives correct code: splits that feed an rfactor are exact divisors
-(an rfactor over a predicated split loses its predicate in TVM 0.27: wrong results),
-spatial splits may be ragged (TVM keeps the predicate).
+    A row whose length no vector width divides (197 tokens, 1500 frames) takes a
+    ragged k split (ko = ceil(K / kv), the last kv chunk partial): every pass is
+    rfactored at the root, keeping its predicate, and the passes' row loops are
+    merged into one, so a row is still read from cache by its later passes; the
+    partial chunk is partitioned off (TIR's LoopPartition), so the full chunks run
+    vectorized without bounds checks.
+Every knob value gives correct code: compute_at regenerates an rf block's loops
+without its predicate in TVM 0.27 (wrong results over a ragged split), so an rf block
+over a ragged split is never moved (its row loop is merged instead); spatial splits
+may be ragged (TVM keeps the predicate).
 """
 
 from __future__ import annotations
@@ -82,6 +89,7 @@ class _Rows:
     rows: int            # rows (product of kept extents)
     k: int               # reduced elements per row
     c: int               # column mode: the kept last axis
+    trailing: bool       # the reduced axes are the input's last ones (rows contiguous)
 
 
 def _reduced_dims(sch: Schedule, block) -> tuple[object, set[int]]:
@@ -122,7 +130,9 @@ def _analyze_rows(sch: Schedule, anchor) -> _Rows:
     for red in reductions:
         if math.prod(static_extents(sch, _red_loops(sch, red))) != k:
             raise ValueError("the group's reductions differ in length")
-    return _Rows(out, kind, reductions, row_mode, rows, k, 1 if row_mode else shape[-1])
+    trailing = dims == set(range(len(shape) - len(dims), len(shape)))
+    return _Rows(out, kind, reductions, row_mode, rows, k, 1 if row_mode else shape[-1],
+                 trailing)
 
 
 def _red_loops(sch: Schedule, block) -> list:
@@ -158,8 +168,11 @@ class RowReduceTemplate(Template):
         if info.row_mode:
             vecs = set(vector_width_options(info.k, ctx.lanes))
             ps = {1, ctx.cores} if ctx.cores > 1 else {1}
+            ragged = [(1, -(-info.k // kv), kv) for kv in ragged_widths(info.k, ctx.lanes)
+                      if info.trailing]
             space.define_split("k_split", info.k, num_outputs=3,
-                               filter_fn=lambda f: f[0] in ps and f[2] in vecs)
+                               filter_fn=lambda f: f[0] in ps and f[2] in vecs,
+                               ragged=ragged)
             space.define_choice("parallel", ["none", "rows"] if info.rows > 1 else ["none"])
         else:
             vecs = set(vector_width_options(info.c, ctx.lanes))
@@ -179,7 +192,13 @@ class RowReduceTemplate(Template):
             p = ctx.cores if (info.rows < ctx.cores and ctx.cores > 1 and big
                               and info.k % (ctx.cores * kv) == 0
                               and info.k * 4 // ctx.cores >= ctx.info.l1d_bytes // 4) else 1
-            values = {"k_split": (p, info.k // (p * kv), kv),
+            split = (p, info.k // (p * kv), kv)
+            if p == 1 and kv < ctx.lanes and info.k > 2 * ctx.lanes and info.trailing:
+                # no exact width near a vector: one vector per chunk and a partial
+                # last chunk (its lanes run scalar: a wider chunk has a longer tail)
+                kv = ctx.lanes
+                split = (1, -(-info.k // kv), kv)
+            values = {"k_split": split,
                       "parallel": "rows" if big and info.rows > 1 else "none"}
         else:
             cv = best_vector_width(info.c, ctx.lanes)
@@ -195,6 +214,12 @@ class RowReduceTemplate(Template):
         else:
             _apply_column_mode(sch, info, config)
         _drop_anchor_copies(sch, ctx.block)
+
+
+def ragged_widths(k: int, lanes: int) -> list[int]:
+    """Vector widths (one, two and four vectors) shorter than a row of `k` that do not
+    divide it: the ragged k splits offered beside the exact ones."""
+    return [kv for kv in (lanes, 2 * lanes, 4 * lanes) if kv < k and k % kv]
 
 
 def _rfactor(sch: Schedule, block, p: int, ko: int, kv: int):
@@ -272,6 +297,9 @@ def row_loops(sch: Schedule, info: _Rows) -> tuple[list, object | None]:
 def _apply_row_mode(sch: Schedule, info: _Rows, config: Config) -> None:
     p, ko, kv = config["k_split"]
     par = config["parallel"] == "rows"
+    if p * ko * kv != info.k:
+        _apply_ragged_rows(sch, info, ko, kv, par)
+        return
     out = info.out
     if kv > 1 or p > 1:
         # TVM's rfactor fails a block-realize check when a block without loops sits at
@@ -304,6 +332,39 @@ def _apply_row_mode(sch: Schedule, info: _Rows, config: Config) -> None:
         _finish_rf(sch, rf, 0, p, ko, kv)
     if row is not None and par:
         sch.parallel(row)
+
+
+def _apply_ragged_rows(sch: Schedule, info: _Rows, ko: int, kv: int, par: bool) -> None:
+    """Row mode over a ragged k split (ko * kv > K): see the module docstring. Every
+    block stays at the root with its rows fused into one loop; those loops are merged
+    (in program order, so a pass follows the passes it reads)."""
+    rfs = [_rfactor(sch, red, 1, ko, kv) for red in info.reductions]
+    for rf in rfs:
+        # at the root: rows..., ko (reduction), then the kv lanes
+        sch.vectorize(sch.get_loops(rf)[-1])
+    rows, lin = row_loops(sch, info)
+    n_rows = len(rows)
+    tail = None
+    if lin is not None and kv > 1:
+        tail, lv = sch.split(lin, [None, kv])
+        sch.vectorize(lv)
+    if n_rows:
+        row_of = []
+        for block in root_blocks(sch):
+            loops = sch.get_loops(block)[:n_rows]
+            if math.prod(static_extents(sch, loops)) != info.rows:
+                raise ValueError(f"block {block_name(sch, block)} does not loop over rows")
+            row_of.append(sch.fuse(*loops) if len(loops) > 1 else loops[0])
+        row = sch.merge(*row_of) if len(row_of) > 1 else row_of[0]
+        if par:
+            sch.parallel(row)
+    if tail is not None:
+        sch.annotate(tail, "pragma_loop_partition_hint", 1)
+    # The rf inits stay in their blocks (a test of ko == 0 per chunk, not per lane):
+    # after a merge, TVM 0.27 takes the second rf block of the loop for no reduction
+    # block and refuses to decompose it.
+    for rf in rfs:  # its loops: [row,] ko, kv
+        sch.annotate(sch.get_loops(rf)[-2], "pragma_loop_partition_hint", 1)
 
 
 def _apply_column_mode(sch: Schedule, info: _Rows, config: Config) -> None:

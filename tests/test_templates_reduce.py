@@ -58,6 +58,11 @@ WORKLOADS = [
      lambda x: torch.softmax(x, -1), (-2, 2)),
     ("softmax", "nn.softmax", [(2, 4, 50)], {"axis": 1}, (2, 4, 50),
      lambda x: torch.softmax(x, 1), (-2, 2)),
+    # rows no vector width divides (ViT's 197 tokens, 1500 audio frames): ragged splits
+    ("softmax", "nn.safe_softmax", [(2, 3, 197)], {"axis": -1}, (2, 3, 197),
+     lambda x: torch.ops.aten._safe_softmax(x, -1), (-4, 4)),
+    ("softmax", "nn.softmax", [(4, 1500)], {"axis": -1}, (4, 1500),
+     lambda x: torch.softmax(x, -1), (-4, 4)),
     ("log_softmax", "nn.log_softmax", [(3, 1000)], {"axis": -1}, (3, 1000),
      lambda x: torch.log_softmax(x, -1), (-2, 2)),
     ("log_softmax", "nn.log_softmax", [(9, 17)], {"axis": -1}, (9, 17),
@@ -276,6 +281,27 @@ def test_templates_registered():
     for name in ("pool", "reduce", "variance", "softmax", "log_softmax", "layer_norm",
                  "injective"):
         assert name in templates_for("llvm")
+
+
+@pytest.mark.parametrize("target", TARGETS, ids=_target_id)
+def test_fallback_vectorizes_rows_no_width_divides(target):
+    """197 is prime: the fallback splits each row into whole vectors and a partial
+    last chunk (not 197 scalar steps), and every pass still runs under one row loop."""
+    mod = _module("nn.softmax", [(512, 197)], {"axis": -1}, (512, 197), target)
+    sch = Schedule(mod)
+    block, kind = _anchor(sch)
+    template = get_template(kind)
+    ctx = ScheduleContext.create(sch, block, target)
+    fallback = template.fallback(template.define_space(ctx), ctx)
+    assert fallback["k_split"] == (1, -(-197 // ctx.lanes), ctx.lanes)
+    template.apply(ctx, fallback)
+    text = sch.mod.script()
+    assert text.count("T.parallel") == 1 and f"T.vectorized({ctx.lanes})" in text
+    inputs = _inputs([(512, 197)], (-4, 4))
+    got = _run(sch.mod, inputs, (512, 197), target)
+    if got is not None:
+        np.testing.assert_allclose(got, torch.softmax(torch.from_numpy(inputs[0]), -1).numpy(),
+                                   rtol=1e-4, atol=1e-6)
 
 
 def test_fallback_schedules_are_parallel_and_vectorized():

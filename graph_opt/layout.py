@@ -11,8 +11,9 @@ c. Ops known to be layout-agnostic keep a blocked tensor blocked:
   - elementwise unary ops (relu, clip, sigmoid, hardswish, cast ...);
   - broadcast binary ops (add, multiply, maximum ...) whose other operand is a
     scalar, a per-channel tensor (C,1,1) / (N,C,1,1) (reshaped to its blocked form,
-    a plain reshape, constants folded), or a tensor of the same shape (brought to
-    the same block: residual adds of two blocked tensors stay blocked);
+    a plain reshape, constants folded; one computed in a blocked layout, as an SE
+    block's gate, used as it is), or a tensor of the same shape (brought to the same
+    block: residual adds of two blocked tensors stay blocked);
   - nn.bias_add over the channel axis: an add of the bias reshaped to [C/c, 1, 1, c];
   - pools (a `layout` attribute) and sum/mean/max/min over (H, W);
   - a conv consumes its input in whatever block it comes (the input block is part
@@ -329,6 +330,10 @@ class _Converter:
             return None
         full = (1,) * (4 - len(shape)) + tuple(shape)
         channels = out_shape[1]
+        if cur is not None and len(shape) == 4 and full[1] == channels and full[2:] == (1, 1):
+            # a blocked per-channel tensor (an SE block's gate: pooled from a blocked
+            # activation) is already [N, C/c, 1, 1, c]: no round trip through NCHW
+            return self.as_layout(new, cur, block)
         nchw = self.as_layout(new, cur, None)
         if full[1] == channels and full[2] == full[3] == 1:
             if full[0] == 1:

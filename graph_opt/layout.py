@@ -123,16 +123,27 @@ def out_block_candidates(lanes: int) -> list[int]:
     return [b for b in (2 * lanes, lanes, lanes // 2) if b >= 1]
 
 
+# With 16 lanes (AVX-512) two-vector blocks need this many vectors of channels.
+WIDE_BLOCK_MIN_VECTORS = 4
+
+
 def default_out_block_for(channels: int, lanes: int) -> int | None:
     """The output block of a conv with `channels` (per group), untuned, and the conv
     template's fallback: the largest of 2x, 1x, 1/2x the vector lanes dividing
-    `channels`; two vectors only with 8 lanes (AVX2). The conv's register tile is
-    (output columns) x (vectors): with AVX2's 16 registers, 6 columns x 2 vectors (12
-    accumulators, each broadcast input used twice) beat one vector x 12-14 columns on
-    ResNet-18's 3x3 convs (2 cores: 56x56 142 vs 127 GFLOP/s, 28x28 135 vs 115, 14x14
-    134 vs 114, 7x7 101 vs 93)."""
+    `channels`; with 16 lanes two vectors only from WIDE_BLOCK_MIN_VECTORS vectors of
+    channels (64: what the models measured below have; narrower layers keep one).
+    The conv's register tile is (output columns) x (vectors), each broadcast input
+    used once per vector: with AVX2's 16 registers, 6 columns x 2 vectors (12
+    accumulators) beat one vector x 12-14 columns on ResNet-18's 3x3 convs (2 cores:
+    56x56 142 vs 127 GFLOP/s, 28x28 135 vs 115, 14x14 134 vs 114, 7x7 101 vs 93). With
+    AVX-512 one vector over a 7-column output is 7 accumulators, too few to cover the
+    FMA latency: two vectors made EfficientNet-B0's 1x1 convs 1.4-1.9x faster at 7x7
+    and 1.2x at 14x14 (one core: 192 -> 1152 channels 0.147 vs 0.275 ms), and no slower
+    at 112x112; whole models (2 cores, untuned) 10-15% faster (EfficientNet-B0,
+    MobileNetV2, ResNet-18's Winograd GEMMs, whose tile is 8 rows x the vectors)."""
     for b in out_block_candidates(lanes):
-        if channels % b or (b == 2 * lanes and lanes >= 16):
+        if channels % b or (b == 2 * lanes and lanes >= 16
+                            and channels < WIDE_BLOCK_MIN_VECTORS * lanes):
             continue
         return b
     return None

@@ -182,11 +182,14 @@ class _Converter:
             return expr
         key = (id(expr), want)
         if key not in self.transformed:
-            if {block, want} == {None, 1}:
-                # NCHW and NCHW1c are the same bytes: a reshape, which is no kernel
-                # (a conv reading few channels, the RGB input, reads it in place)
-                shape = tuple(expr.shape)
-                newshape = shape + (1,) if want == 1 else shape[:-1]
+            shape = tuple(expr.shape)
+            if {block, want} == {None, 1} or shape[2:4] == (1, 1):
+                # NCHW and NCHW1c are the same bytes, and so is every layout of a
+                # 1x1 plane (an SE block's pooled vector): a reshape, which is no
+                # kernel (a conv reading few channels, the RGB input, reads it in place)
+                n, channels = shape[0], shape[1] * (shape[4] if block else 1)
+                newshape = ((n, channels, *shape[2:4]) if want is None else
+                            (n, channels // want, *shape[2:4], want))
                 self.transformed[key] = (Constant(expr.data.reshape(newshape))
                                          if isinstance(expr, Constant) else
                                          Call("reshape", [expr], {"newshape": newshape}))

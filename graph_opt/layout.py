@@ -11,8 +11,9 @@ c. Ops known to be layout-agnostic keep a blocked tensor blocked:
   - elementwise unary ops (relu, clip, sigmoid, hardswish, cast ...);
   - broadcast binary ops (add, multiply, maximum ...) whose other operand is a
     scalar, a per-channel tensor (C,1,1) / (N,C,1,1) (reshaped to its blocked form,
-    a plain reshape, constants folded), or a tensor of the same shape (brought to
-    the same block: residual adds of two blocked tensors stay blocked);
+    a plain reshape, constants folded; one computed in a blocked layout, as an SE
+    block's gate, used as it is), or a tensor of the same shape (brought to the same
+    block: residual adds of two blocked tensors stay blocked);
   - nn.bias_add over the channel axis: an add of the bias reshaped to [C/c, 1, 1, c];
   - pools (a `layout` attribute) and sum/mean/max/min over (H, W);
   - a conv consumes its input in whatever block it comes (the input block is part
@@ -122,16 +123,27 @@ def out_block_candidates(lanes: int) -> list[int]:
     return [b for b in (2 * lanes, lanes, lanes // 2) if b >= 1]
 
 
+# With 16 lanes (AVX-512) two-vector blocks need this many vectors of channels.
+WIDE_BLOCK_MIN_VECTORS = 4
+
+
 def default_out_block_for(channels: int, lanes: int) -> int | None:
     """The output block of a conv with `channels` (per group), untuned, and the conv
     template's fallback: the largest of 2x, 1x, 1/2x the vector lanes dividing
-    `channels`; two vectors only with 8 lanes (AVX2). The conv's register tile is
-    (output columns) x (vectors): with AVX2's 16 registers, 6 columns x 2 vectors (12
-    accumulators, each broadcast input used twice) beat one vector x 12-14 columns on
-    ResNet-18's 3x3 convs (2 cores: 56x56 142 vs 127 GFLOP/s, 28x28 135 vs 115, 14x14
-    134 vs 114, 7x7 101 vs 93)."""
+    `channels`; with 16 lanes two vectors only from WIDE_BLOCK_MIN_VECTORS vectors of
+    channels (64: what the models measured below have; narrower layers keep one).
+    The conv's register tile is (output columns) x (vectors), each broadcast input
+    used once per vector: with AVX2's 16 registers, 6 columns x 2 vectors (12
+    accumulators) beat one vector x 12-14 columns on ResNet-18's 3x3 convs (2 cores:
+    56x56 142 vs 127 GFLOP/s, 28x28 135 vs 115, 14x14 134 vs 114, 7x7 101 vs 93). With
+    AVX-512 one vector over a 7-column output is 7 accumulators, too few to cover the
+    FMA latency: two vectors made EfficientNet-B0's 1x1 convs 1.4-1.9x faster at 7x7
+    and 1.2x at 14x14 (one core: 192 -> 1152 channels 0.147 vs 0.275 ms), and no slower
+    at 112x112; whole models (2 cores, untuned) 10-15% faster (EfficientNet-B0,
+    MobileNetV2, ResNet-18's Winograd GEMMs, whose tile is 8 rows x the vectors)."""
     for b in out_block_candidates(lanes):
-        if channels % b or (b == 2 * lanes and lanes >= 16):
+        if channels % b or (b == 2 * lanes and lanes >= 16
+                            and channels < WIDE_BLOCK_MIN_VECTORS * lanes):
             continue
         return b
     return None
@@ -170,11 +182,14 @@ class _Converter:
             return expr
         key = (id(expr), want)
         if key not in self.transformed:
-            if {block, want} == {None, 1}:
-                # NCHW and NCHW1c are the same bytes: a reshape, which is no kernel
-                # (a conv reading few channels, the RGB input, reads it in place)
-                shape = tuple(expr.shape)
-                newshape = shape + (1,) if want == 1 else shape[:-1]
+            shape = tuple(expr.shape)
+            if {block, want} == {None, 1} or shape[2:4] == (1, 1):
+                # NCHW and NCHW1c are the same bytes, and so is every layout of a
+                # 1x1 plane (an SE block's pooled vector): a reshape, which is no
+                # kernel (a conv reading few channels, the RGB input, reads it in place)
+                n, channels = shape[0], shape[1] * (shape[4] if block else 1)
+                newshape = ((n, channels, *shape[2:4]) if want is None else
+                            (n, channels // want, *shape[2:4], want))
                 self.transformed[key] = (Constant(expr.data.reshape(newshape))
                                          if isinstance(expr, Constant) else
                                          Call("reshape", [expr], {"newshape": newshape}))
@@ -329,6 +344,10 @@ class _Converter:
             return None
         full = (1,) * (4 - len(shape)) + tuple(shape)
         channels = out_shape[1]
+        if cur is not None and len(shape) == 4 and full[1] == channels and full[2:] == (1, 1):
+            # a blocked per-channel tensor (an SE block's gate: pooled from a blocked
+            # activation) is already [N, C/c, 1, 1, c]: no round trip through NCHW
+            return self.as_layout(new, cur, block)
         nchw = self.as_layout(new, cur, None)
         if full[1] == channels and full[2] == full[3] == 1:
             if full[0] == 1:

@@ -184,6 +184,23 @@ def test_pools_reductions_and_channel_broadcasts_stay_blocked():
     np.testing.assert_allclose(run(new, inputs), run(func, inputs), rtol=1e-4, atol=1e-5)
 
 
+def test_a_gate_pooled_from_a_blocked_tensor_multiplies_it_blocked():
+    # squeeze-and-excitation: mean -> 1x1 conv -> sigmoid, times the activation; the
+    # gate is [N, C/c, 1, 1, c] already and needs no transform through NCHW
+    x = Var("x", TensorType((1, 16, 10, 10), "float32"))
+    h = Call("silu", [conv(x, 32, 1)])
+    pooled = Call("mean", [h], {"axis": (2, 3), "keepdims": True})
+    gate = Call("sigmoid", [conv(pooled, 32, 2, k=1)])
+    func = Function([x], conv(Call("multiply", [h, gate]), 16, 3, k=1))
+    new = convert(func)
+    assert [(t.attrs["src_layout"], t.attrs["dst_layout"])
+            for t in calls(new, "layout_transform")] == [("NCHW", "NCHW16c"), ("NCHW16c", "NCHW")]
+    (mul,) = calls(new, "multiply")
+    assert mul.args[1].shape == (1, 2, 1, 1, 16)
+    xv = rand((1, 16, 10, 10), 8)
+    np.testing.assert_allclose(run(new, [xv]), run(func, [xv]), rtol=1e-4, atol=1e-5)
+
+
 def test_depthwise_and_grouped_convs():
     x = Var("x", TensorType((1, 32, 10, 10), "float32"))
     y = Call("relu", [conv(x, 32, 1, groups=32)])  # depthwise

@@ -5,7 +5,14 @@ import torch
 
 import tecc
 from tests.conftest import MODEL_ERRORS
-from tests.models import MLP, MobileNetV2, bert_encoder, resnet18, transformer_encoder_layer  # noqa: F401
+from tests.models import (  # noqa: F401
+    MLP,
+    MobileNetV2,
+    bert_encoder,
+    randomize_batchnorm,
+    resnet18,
+    transformer_encoder_layer,
+)
 from tests.util import assert_close, max_rel_error
 
 
@@ -57,3 +64,53 @@ def test_model_output_structure_is_kept():
     out = compiled(*inputs)
     assert isinstance(out, dict) and list(out) == ["last_hidden_state", "pooler_output"]
     assert out["last_hidden_state"].shape == (2, 24, 128)
+
+
+class MBConvSE(torch.nn.Module):
+    """EfficientNet's block as transformers writes it: 1x1 expansion, a "same" zero
+    pad (ZeroPad2d, asymmetric) before a stride-2 depthwise conv, squeeze-and-excitation
+    (mean, 1x1 convs to a few channels and back, sigmoid, times the activation), 1x1
+    projection; then a stride-1 block with a residual, a 1x1 head, and the head's
+    AvgPool2d whose window (1280, ceil_mode) is far larger than its 5x5 input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        nn = torch.nn
+
+        def bn_act(c, act=True):
+            return [nn.BatchNorm2d(c)] + ([nn.SiLU()] if act else [])
+
+        def se(c, squeezed):
+            return nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Conv2d(c, squeezed, 1), nn.SiLU(),
+                                 nn.Conv2d(squeezed, c, 1), nn.Sigmoid())
+
+        self.expand = nn.Sequential(nn.Conv2d(16, 96, 1, bias=False), *bn_act(96),
+                                    nn.ZeroPad2d((1, 2, 1, 2)),
+                                    nn.Conv2d(96, 96, 5, 2, groups=96, bias=False), *bn_act(96))
+        self.se1 = se(96, 4)
+        self.project = nn.Sequential(nn.Conv2d(96, 64, 1, bias=False), *bn_act(64, False))
+        self.block2 = nn.Sequential(nn.Conv2d(64, 384, 1, bias=False), *bn_act(384),
+                                    nn.Conv2d(384, 384, 3, 1, 1, groups=384, bias=False),
+                                    *bn_act(384))
+        self.se2 = se(384, 16)
+        self.project2 = nn.Sequential(nn.Conv2d(384, 64, 1, bias=False), *bn_act(64, False))
+        self.head = nn.Sequential(nn.Conv2d(64, 128, 1, bias=False), *bn_act(128),
+                                  nn.AvgPool2d(1280, ceil_mode=True))
+        randomize_batchnorm(self)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.expand(x)
+        y = self.project(h * self.se1(h))
+        h = self.block2(y)
+        y = y + self.project2(h * self.se2(h))
+        return self.head(y).flatten(1)
+
+
+def test_efficientnet_blocks_match_eager():
+    model = MBConvSE().eval()
+    x = torch.randn(2, 16, 10, 10, generator=torch.Generator().manual_seed(3))
+    compiled = tecc.compile(model, (x,))
+    with torch.no_grad():
+        expected = model(x)
+    assert expected.shape == (2, 128)
+    assert_close(compiled(x), expected, rtol=1e-4, atol=1e-5)

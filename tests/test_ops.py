@@ -75,6 +75,12 @@ CASES = {
                           [(1, 8, 7, 7)], [(2, 3, 9, 5)]),
     "adaptive_avg_pool_3": (lambda x: F.adaptive_avg_pool2d(x, (3, 2)), [(1, 2, 7, 7)],
                             [(2, 3, 9, 5)]),
+    # windows past the padded input (transformers' EfficientNet: a 1280 window, ceil_mode,
+    # over 7x7), one window or several, dilated
+    "pool_window_past_input": (lambda x: F.avg_pool2d(x, 40, ceil_mode=True) + F.max_pool2d(
+        x, 12, 5, 2, ceil_mode=True) + F.avg_pool2d(x, 8, 1, 2) * F.avg_pool2d(
+        x, 8, 1, 2, count_include_pad=False) - F.max_pool2d(x, 5, 1, 2, dilation=2).amax(
+        (2, 3), keepdim=True), [(1, 4, 5, 5)], [(2, 3, 6, 7)]),
     "mean_sum_amax": (lambda x: x.mean(-1) + x.sum(1) + x.amax(-1), [(3, 5, 5)],
                       [(2, 7, 7)]),
     "var": (lambda x: x.var(-1, keepdim=True) + x, [(3, 9)], [(2, 4, 17)]),

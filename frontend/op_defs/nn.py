@@ -505,11 +505,17 @@ def _adaptive_pool_rel(types: list[Type], attrs: Attrs) -> Type:
 
 
 def _pool_geometry(x: te.Tensor, attrs: Attrs, out: TensorType):
+    """Padding, extra bottom/right padding, the window's taps, strides, dilation and the
+    input's (h, w). The taps are the window clipped to what can reach the input: a
+    window larger than the padded input (transformers' EfficientNet pools 7x7 with a
+    1280x1280 window, ceil_mode) reads padding alone past its first pt + h rows, and
+    that padding (zero for a sum, the lowest value for a max) changes nothing."""
     pt, pl, pb, pr = pads4(attrs["padding"])
-    kh, kw = attrs["pool_size"]
     sh, sw = attrs["strides"]
     dh, dw = attrs.get("dilation", (1, 1))
     h, w = te_shape(x)[2:4]
+    kh, kw = (min(k, -(-(p + n) // d)) for k, p, n, d in
+              zip(attrs["pool_size"], (pt, pl), (h, w), (dh, dw), strict=True))
     oh, ow = out.shape[2], out.shape[3]
     # ceil_mode windows may run past the bottom/right padding: pad far enough that every
     # window reads inside the padded buffer.
@@ -549,11 +555,12 @@ def _max_pool2d_compute(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> 
 def _avg_pool2d_compute(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
     (x,) = args
     out = out_tensor(out_type)
-    (pt, pl, pb, pr), (eb, er), (kh, kw), (sh, sw), _, (h, w) = _pool_geometry(x, attrs, out)
+    (pt, pl, pb, pr), (eb, er), taps, (sh, sw), _, (h, w) = _pool_geometry(x, attrs, out)
+    kh, kw = attrs["pool_size"]  # the divisor counts the whole window, as torch's
     d = x.dtype
     if pt or pl or eb or er:
         x = _spatial_pad(x, [pt, pl], [eb, er], "pool_pad")
-    s = _pool_window(x, out, (kh, kw), (sh, sw), None, te.sum, "avg_pool_sum")
+    s = _pool_window(x, out, taps, (sh, sw), None, te.sum, "avg_pool_sum")
     include_pad = attrs["count_include_pad"]
     tmin, tmax = tvm.tirx.min, tvm.tirx.max
 

@@ -225,6 +225,11 @@ def ragged_widths(k: int, lanes: int) -> list[int]:
 def _rfactor(sch: Schedule, block, p: int, ko: int, kv: int):
     """Split `block`'s (fused) reduction into (p, ko, kv) and rfactor the p x kv part:
     rf[..., p * kv] accumulates kv lanes per core chunk; `block` then reduces rf."""
+    # TVM's rfactor fails a block-realize check when a block without loops sits at the
+    # root (the division of a mean to a scalar): a unit loop around it
+    for other in root_blocks(sch):
+        if not sch.get_loops(other):
+            sch.add_unit_loop(other)
     red = _red_loops(sch, block)
     k = sch.fuse(*red) if len(red) > 1 else red[0]
     out_ndim = len(sch.get(block).writes[0].source.shape)
@@ -301,12 +306,6 @@ def _apply_row_mode(sch: Schedule, info: _Rows, config: Config) -> None:
         _apply_ragged_rows(sch, info, ko, kv, par)
         return
     out = info.out
-    if kv > 1 or p > 1:
-        # TVM's rfactor fails a block-realize check when a block without loops sits at
-        # the root (the division of a mean to a scalar): a unit loop around it
-        for block in root_blocks(sch):
-            if not sch.get_loops(block):
-                sch.add_unit_loop(block)
     rfs = [_rfactor(sch, red, p, ko, kv) for red in info.reductions] if kv > 1 or p > 1 else []
     # the output's row loop
     rows, lin = row_loops(sch, info)
@@ -343,7 +342,7 @@ def _apply_ragged_rows(sch: Schedule, info: _Rows, ko: int, kv: int, par: bool) 
         # at the root: rows..., ko (reduction), then the kv lanes
         sch.vectorize(sch.get_loops(rf)[-1])
     rows, lin = row_loops(sch, info)
-    n_rows = len(rows)
+    n_rows = len(rows) if info.rows > 1 else 0  # a scalar's unit loop is no row loop
     tail = None
     if lin is not None and kv > 1:
         tail, lv = sch.split(lin, [None, kv])
@@ -534,8 +533,8 @@ class PoolTemplate(Template):
             elif depth:
                 ploops = sch.get_loops(pad)
                 sch.parallel(sch.fuse(ploops[0], ploops[1]))
-            # the padded copy along its contiguous axis (cb, or w in NCHW): a scalar
-            # copy of the plane took as long as the pool itself
+            # the padded copy along cb, its contiguous axis: a scalar copy of the
+            # plane took as long as the pool itself
             pad_tail = sch.get_loops(pad)[-1]
             if nchwc and static_extent(sch, pad_tail) > 1:
                 sch.vectorize(pad_tail)

@@ -537,7 +537,7 @@ class _Scalars(torch.nn.Module):
         return x.mean(), x.sum(), x.amax()
 
 
-@pytest.mark.parametrize("shape", [(4, 8), (3, 5, 7)])
+@pytest.mark.parametrize("shape", [(4, 8), (3, 5, 7), (3, 197)])
 def test_a_reduction_to_a_scalar_takes_the_reduce_template(shape):
     """mean to a scalar: the division is a root block without loops, where TVM's
     rfactor failed and the generic schedule stood in."""

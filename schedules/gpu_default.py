@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import math
+from typing import Any
 
 import tvm
 from tecc.schedules.blocks import (
@@ -28,7 +29,6 @@ from tecc.schedules.blocks import (
     root_blocks,
 )
 from tecc.schedules.template import ScheduleContext, templates_for
-from tvm.s_tir import SBlockRealize
 from tvm.s_tir.schedule import Schedule
 
 from tecc.target import target_info
@@ -290,38 +290,23 @@ def unbound_blocks(prim: tvm.tirx.PrimFunc) -> list[str]:
 
 
 def uneven_thread_extents(prim: tvm.tirx.PrimFunc) -> dict[str, list[int]]:
-    """The thread tags that loops of one kernel of `prim` (one statement of the root
-    block's body) bind with different extents, and those extents. TVM launches such a
-    kernel with one of them, so the loops of the others run on too few threads (a
+    """The thread tags that loops of one kernel of `prim` (the blocks under one
+    outermost loop) bind with different extents, and those extents. TVM launches such
+    a kernel with one of them, so the loops of the others run on too few threads (a
     cross-thread reduction over 32 lanes in a block of 25 misses 7) or on too many."""
-    body = prim.body
-    # down through the root block and what wraps its body (buffer declarations)
-    while isinstance(body, SBlockRealize) or hasattr(body, "body") and not isinstance(
-            body, (tvm.tirx.For, tvm.tirx.SeqStmt)):
-        body = body.block.body if isinstance(body, SBlockRealize) else body.body
-    kernels = list(body.seq) if isinstance(body, tvm.tirx.SeqStmt) else [body]
-    uneven: dict[str, list[int]] = {}
-    for kernel in kernels:
-        extents: dict[str, set[int]] = {}
-        stack = [kernel]
-        while stack:
-            stmt = stack.pop()
-            if isinstance(stmt, SBlockRealize):
-                stack.append(stmt.block.body)
-            elif isinstance(stmt, tvm.tirx.SeqStmt):
-                stack.extend(stmt.seq)
-            elif isinstance(stmt, tvm.tirx.IfThenElse):
-                stack.extend(s for s in (stmt.then_case, stmt.else_case) if s is not None)
-            elif hasattr(stmt, "body"):
-                if isinstance(stmt, tvm.tirx.For) and stmt.thread_binding is not None \
-                        and isinstance(stmt.extent, tvm.tirx.IntImm):
-                    tag = str(stmt.thread_binding.thread_tag)
-                    extents.setdefault(tag, set()).add(int(stmt.extent))
-                stack.append(stmt.body)
-        for tag, values in extents.items():
-            if len(values) > 1:
-                uneven[tag] = sorted(values)
-    return uneven
+    sch = Schedule(tvm.IRModule({"main": prim}))
+    kernels: dict[Any, dict[str, set[int]]] = {}
+    for block in _all_blocks(sch):
+        loops = [sch.get(lp) for lp in sch.get_loops(block)]
+        if not loops:
+            continue
+        extents = kernels.setdefault(loops[0], {})
+        for loop in loops:
+            if loop.thread_binding is not None and isinstance(loop.extent, tvm.tirx.IntImm):
+                extents.setdefault(str(loop.thread_binding.thread_tag), set()).add(
+                    int(loop.extent))
+    return {tag: sorted(values) for extents in kernels.values()
+            for tag, values in extents.items() if len(values) > 1}
 
 
 def check_bound(prim: tvm.tirx.PrimFunc, name: str = "") -> None:

@@ -252,12 +252,18 @@ def _split_rows(sch: Schedule, rows: list, per_block: int) -> tuple:
     return (sch.fuse(*loops) if len(loops) > 1 else loops[0]), inner
 
 
-def _bind_row_loop(sch: Schedule, loop, threads: int, vector: int) -> None:
+def _bind_row_loop(sch: Schedule, loop, threads: int, vector: int, rows: int = 0) -> None:
     """A spatial loop over a row: (outer, threadIdx.x, vector lanes), the lanes an
-    exact split so that the vector loop carries no predicate."""
+    exact split so that the vector loop carries no predicate; with `rows`, a loop over
+    a block's rows, spread over threadIdx.y too: (outer, threadIdx.y, threadIdx.x,
+    lanes)."""
     extent = int(sch.get(loop).extent)
     outer, lanes = sch.split(loop, [extent // vector, vector])
-    _, tx = sch.split(outer, [None, threads])
+    if rows:
+        _, ty, tx = sch.split(outer, [None, rows, threads])
+        sch.bind(ty, "threadIdx.y")
+    else:
+        _, tx = sch.split(outer, [None, threads])
     sch.bind(tx, "threadIdx.x")
     if vector > 1:
         sch.vectorize(lanes)
@@ -286,13 +292,7 @@ def _cache_row(sch: Schedule, info: _Rows, at, threads: int, per_block: int,
     sch.compute_at(cached, at, preserve_unit_loops=True)
     below = sch.get_loops(cached)[_depth_of(sch, at, cached):]
     row = sch.fuse(*below) if len(below) > 1 else below[0]
-    extent = int(sch.get(row).extent)  # per_block rows of k: k % vector == 0
-    outer, lanes = sch.split(row, [extent // vector, vector])
-    _, ty, tx = sch.split(outer, [None, per_block, threads])
-    sch.bind(ty, "threadIdx.y")
-    sch.bind(tx, "threadIdx.x")
-    if vector > 1:
-        sch.vectorize(lanes)
+    _bind_row_loop(sch, row, threads, vector, rows=per_block)
 
 
 def row_period(sch: Schedule, info: _Rows) -> int:

@@ -258,7 +258,12 @@ class GpuMatmulTemplate(Template):
             # TFLOP/s against 0.80, 256x14x14 3.07 against 1.79)
             tile = WIDE_SMALL_TILE
         vector = 4 if k % 4 == 0 and n % 4 == 0 else 2 if k % 2 == 0 and n % 2 == 0 else 1
-        micro_k, pipeline = 16 if k >= 64 else 8, "none"
+        workload = ctx.workload or {}
+
+        def config(micro_k: int, pipeline: str) -> dict[str, Any]:
+            return {"rule": rule, "tile": tile_name(tile), "micro_k": micro_k,
+                    "vector": vector, "unroll": 256, "pipeline": pipeline}
+
         tm, tn = tile_shape(tile)
         if grid_blocks(tile, batch, m, n) < 4 * sms and tm * tn <= 32 * 64 and k >= 256:
             # A small grid with a long k loop is bound by each step's load latency
@@ -266,21 +271,18 @@ class GpuMatmulTemplate(Template):
             # the next one's loads in flight, within the shared memory of a block
             # (H200: 49x512x4608 4.3 TFLOP/s against 2.6, 128x768x768 7.8 against 5.8).
             smem = info.max_shared_memory_per_block or 49152
-            micro_k, pipeline = 64 if k >= 1024 else 32, "double"
-            two_tiles = not register_staged(ctx.workload or {}, {
-                "rule": rule, "tile": tile_name(tile), "micro_k": micro_k,
-                "vector": vector, "pipeline": pipeline})
+            micro_k = 64 if k >= 1024 else 32
+            two_tiles = not register_staged(workload, config(micro_k, "double"))
             while micro_k > 16 and shared_bytes(tile, micro_k, two_tiles) > smem:
                 micro_k //= 2
-        elif rule == "simt" and k >= 256 and register_staged(ctx.workload or {}, {
-                "rule": rule, "tile": tile_name(tile), "micro_k": micro_k,
-                "vector": vector, "pipeline": "double"}):
+            return space.from_json(config(micro_k, "double"))
+        micro_k = 16 if k >= 64 else 8
+        if rule == "simt" and k >= 256 and register_staged(workload, config(micro_k, "double")):
             # A plain GEMM whose operands load in whole vectors: the next k step's
             # loads wait in registers while this one's FMAs run, at no shared memory
             # (H200: 4096^3 at 128 x 128, 49.8 TFLOP/s against 36.0).
-            pipeline = "double"
-        return space.from_json({"rule": rule, "tile": tile_name(tile), "micro_k": micro_k,
-                                "vector": vector, "unroll": 256, "pipeline": pipeline})
+            return space.from_json(config(micro_k, "double"))
+        return space.from_json(config(micro_k, "none"))
 
     def apply(self, ctx: ScheduleContext, config: Config) -> Schedule:
         import tvm.s_tir.dlight as dl

@@ -333,18 +333,20 @@ def _convert_power(ctx: ImportContext, node, args, kwargs):
             or not isinstance(base, Expr) or not is_float_dtype(ctx.out_dtype()):
         return _binary_converter("power")(ctx, node, args, kwargs)
     x = ctx.cast(base, ctx.out_dtype())
-    one = ctx.const(1.0, ctx.out_dtype())
-    if exponent in (2, 3, 4):
-        square = ctx.call("multiply", x, x)
-        return (square if exponent == 2 else ctx.call("multiply", square, x)
-                if exponent == 3 else ctx.call("multiply", square, square))
-    if exponent == 1:
-        return x
     if exponent in (0.5, -0.5):
         return ctx.call("sqrt" if exponent > 0 else "rsqrt", x)
-    if exponent in (-1, -2):
-        return ctx.call("divide", one, x if exponent == -1 else ctx.call("multiply", x, x))
-    return _binary_converter("power")(ctx, node, args, kwargs)
+    if exponent not in (1, 2, 3, 4, -1, -2):
+        return _binary_converter("power")(ctx, node, args, kwargs)
+    power = x  # x ** |exponent| by multiplications: x, x * x, (x * x) * x, (x * x) ** 2
+    if abs(exponent) > 1:
+        power = ctx.call("multiply", x, x)
+    if abs(exponent) == 3:
+        power = ctx.call("multiply", power, x)
+    elif abs(exponent) == 4:
+        power = ctx.call("multiply", power, power)
+    if exponent < 0:
+        return ctx.call("divide", ctx.const(1.0, ctx.out_dtype()), power)
+    return power
 
 
 _OVERLOADS = ("Tensor", "Scalar", "Tensor_Scalar", "Tensor_Tensor", "default")

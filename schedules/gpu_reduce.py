@@ -319,6 +319,14 @@ class GpuPoolTemplate(GpuRowReduceTemplate):
     def __init__(self) -> None:
         super().__init__("pool")
 
+    def tunable(self, workload: dict[str, Any]) -> bool:
+        # the pool's own attrs say whether it is global (a windowed one is no task)
+        (shape, _), = workload["inputs"]
+        attrs = workload["attrs"]
+        if "output_size" in attrs:  # adaptive
+            return list(attrs["output_size"]) == [1, 1]
+        return list(attrs["pool_size"]) == list(shape[-2:]) and not any(attrs["padding"])
+
     def define_space(self, ctx: ScheduleContext) -> ConfigSpace:
         if not _is_global_pool(ctx.sch, ctx.block):
             raise ValueError("a windowed pool: the direct schedule")

@@ -219,3 +219,31 @@ def test_tecc_tune_refuses_cuda_without_a_gpu_or_tunes_on_it(tmp_path, capsys):
         with pytest.raises(SystemExit, match="GPU"):
             main(argv)
         assert not os.path.exists(records)
+
+
+class _PoolNet(torch.nn.Module):
+    """A windowed max pool (the direct schedule: no task) and a global average pool
+    written as a window over the whole plane (a row reduction: a task)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.nn.functional.max_pool2d(torch.relu(self.conv(x)), 3, 2, 1)
+        return torch.nn.functional.avg_pool2d(y, y.shape[-2:])
+
+
+def test_every_cuda_task_of_a_cnn_has_a_space_and_windowed_pools_are_none():
+    """Whole-model tuning lists each task's space before it measures: a task whose
+    template refuses its group would stop `tecc tune` there."""
+    from tecc.schedules.tasks import extract_tasks
+
+    from tecc.api import fused_graph
+
+    x = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    _, part, _, _, info = fused_graph(_PoolNet(), (x,), f"cuda:{ARCH}", 3, None, None, {})
+    tasks = extract_tasks(part, info.tvm_target)
+    pools = [t.workload["attrs"]["pool_size"] for t in tasks if t.template == "pool"]
+    assert pools == [[8, 8]]
+    assert all(len(t.space) > 0 for t in tasks)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tecc.schedules.blocks import reduction_loops
 from tvm import tirx
 from tvm.s_tir import Schedule
 from tvm.s_tir.dlight.analysis import get_root_block
@@ -33,6 +34,7 @@ from tvm.s_tir.dlight.gpu.matmul import (
     get_index_map,
     get_reduction_blocks,
 )
+from tvm.s_tir.schedule import ScheduleError
 
 
 def _contiguous_axis(sch: Schedule, block: Any, index: int) -> str | None:
@@ -63,10 +65,13 @@ def _by_thread(tile_x: int, tile_k: int, inner_is_x: bool, per_step: int) -> Any
 
 
 def schedule_simt_matmul(func: tirx.PrimFunc, tile: tuple[int, ...], block_k: int,
-                         vector: int, unroll: int, pipeline: str) -> Schedule | None:
+                         vector: int, unroll: int, pipeline: str,
+                         split_k: int = 1) -> Schedule | None:
     """The schedule described in the module docstring, or None when `func` holds no
     dense-like reduction. `tile` = (threads along I, along J, vthreads I, J,
-    micro tile I, J)."""
+    micro tile I, J). `split_k` > 1: the k loop split into that many slices, one grid
+    of blocks each (rfactor), whose partial sums a second kernel adds up, the epilogue
+    after it (the leftover blocks get the plain binding, gpu_default.bind_unbound)."""
     tm, tn, vm, vn, mm, mn = tile
     sch = Schedule(func)
     root = get_root_block(sch)
@@ -98,13 +103,22 @@ def schedule_simt_matmul(func: tirx.PrimFunc, tile: tuple[int, ...], block_k: in
     if not all(isinstance(e, tirx.IntImm) for e in extents):
         return None
     _, size_m, size_n, size_k = (int(e) for e in extents)
-    sch.pad_einsum(main, [1, block_m, block_n, block_k])
+    sch.pad_einsum(main, [1, block_m, block_n, block_k * split_k])
     batch, i, j, k = sch.get_loops(main)
+    slices, write_back = [], None
+    if split_k > 1:
+        write_back = main
+        kz, k = sch.split(k, [split_k, None])
+        # rf[kz, s, i, j]: the partial sums; `main` from here on computes them
+        main = sch.rfactor(kz, 0)
+        # rfactor rebuilt the nest: the rf block's loops, kz now among them
+        batch, i, j, kz, k = sch.get_loops(main)
+        slices = [kz]
     bi, vi, ti, ii = sch.split(i, [None, vm, tm, mm])
     bj, vj, tj, ji = sch.split(j, [None, vn, tn, mn])
     ko, ki = sch.split(k, [None, block_k])
-    sch.reorder(bi, bj, vi, vj, ti, tj, ko, ki, ii, ji)
-    bz = sch.fuse(batch, bi)
+    sch.reorder(*slices, batch, bi, bj, vi, vj, ti, tj, ko, ki, ii, ji)
+    bz = sch.fuse(*slices, batch, bi)
     sch.bind(bz, "blockIdx.y")
     sch.bind(bj, "blockIdx.x")
     sch.bind(vi, "vthread.y")
@@ -183,7 +197,13 @@ def schedule_simt_matmul(func: tirx.PrimFunc, tile: tuple[int, ...], block_k: in
 
     for fetch in fetches:
         auto_inline_producers(sch, fetch)
-    auto_inline_consumer_chain(sch, accumulate)
+    if write_back is None:
+        auto_inline_consumer_chain(sch, accumulate)
+    else:
+        # the sum of the slices (a reduction: nothing inlines into it) and after it the
+        # epilogue, its injective blocks inlined into the last one: two kernels more
+        _inline_chain(sch, write_back)
+        _bind_slice_sum(sch, write_back)
     sch.decompose_reduction(main, ko)
     # the whole k step unrolled: fragment loads at constant shared offsets, no loop
     # counter between the FMA blocks (auto-unroll stops at the register tile)
@@ -199,3 +219,39 @@ def schedule_simt_matmul(func: tirx.PrimFunc, tile: tuple[int, ...], block_k: in
         if pipeline == "async":
             sch.annotate(ko, "software_pipeline_async_stages", [0])
     return sch
+
+
+def _bind_slice_sum(sch: Schedule, block: Any, threads: int = 256) -> None:
+    """The sum of the k slices: one output element per thread, its slices in a serial
+    loop (rfactor put the slice loop outermost, where the plain binding would see no
+    spatial loop and give the whole sum to one thread)."""
+    red = reduction_loops(sch, block)
+    red_loops = [sch.get(lp) for lp in red]
+    spatial = [lp for lp in sch.get_loops(block)
+               if not any(sch.get(lp).same_as(r) for r in red_loops)]
+    sch.reorder(*spatial, *red)
+    fused = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
+    bx, tx = sch.split(fused, [None, threads])
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(tx, "threadIdx.x")
+
+
+def _inline_chain(sch: Schedule, block: Any) -> None:
+    """Inline the injective consumers after `block` into the blocks that read them,
+    where TVM allows it (not the function's outputs)."""
+    def names(of: Any) -> list[str]:
+        return [sch.get(c).name_hint for c in sch.get_consumers(of)]
+
+    pending, seen = names(block), set()
+    while pending:
+        name = pending.pop(0)
+        if name in seen:
+            continue
+        seen.add(name)
+        consumer = sch.get_sblock(name)
+        later = names(consumer)
+        try:
+            sch.compute_inline(consumer)
+        except ScheduleError:
+            pass
+        pending.extend(later)

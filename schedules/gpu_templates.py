@@ -11,7 +11,9 @@ GEMM, are scheduled by one of these rules (a knob):
   across the threads of a block).
 
 The fallback config picks the largest block tile that still gives about two blocks
-per multiprocessor (else one) without padding the matrix by more than a third; a
+per multiprocessor (else one) without padding the matrix by more than a third, or
+where even 64 x 64 tiles are too few and k is long, 64 x 64 with k split into slices
+(split_k_tile); a
 small grid of small tiles over a long k loop (ResNet-18's late convs at
 batch 1) gets longer, double-buffered k steps. Measured on the H200 (fp32, TF32 off,
 benchmarks/gpu_gemm_configs.py): the fallback does 26.2 TFLOP/s on 1024^3 (cuBLAS
@@ -61,6 +63,9 @@ RULES = ("simt", "tiled", "gemv", "low_batch_gemv")
 # address on the H200, so it is not offered.
 PIPELINES = ("none", "double")
 MICRO_K = (8, 16, 32, 64)
+# Slices of the k loop, a grid of blocks each (the simt rule): a grid of large tiles
+# too small to fill the GPU gets more blocks without smaller tiles.
+SPLIT_K = (1, 2, 4, 8)
 MAX_PADDING = 4 / 3
 
 
@@ -117,6 +122,30 @@ def fallback_tile(batch: int, m: int, n: int, sms: int) -> tuple[int, ...]:
             if area >= min_area and blocks >= waves * sms:
                 return tile
     return SMALL_TILE
+
+
+def split_k_tile(batch: int, m: int, n: int, k: int, sms: int
+                 ) -> tuple[tuple[int, ...], int] | None:
+    """A large tile and the fewest k slices that give its grid WAVES[0] where no tile
+    of at least 64 x 64 does unsplit (ResNet-18's 512x7x7 convs at batch 16: 784 x 512
+    x 4608, 104 blocks of 64 x 64 on 132 multiprocessors), each slice at least 512
+    long and a whole number of 16-steps; None where no split is needed or possible."""
+    waves, min_area = WAVES[0]
+    large = []
+    for tile in TILES:
+        tm, tn = tile_shape(tile)
+        padding = (-(-m // tm) * tm * -(-n // tn) * tn) / (m * n)
+        if tm * tn >= min_area and padding <= MAX_PADDING:
+            large.append((tile, grid_blocks(tile, batch, m, n)))
+    if not large or any(blocks >= waves * sms for _, blocks in large):
+        return None
+    tile, blocks = large[-1]  # the smallest large tile: the most blocks
+    for split_k in SPLIT_K[1:]:
+        if k % (16 * split_k) or k // split_k < 512:
+            break
+        if blocks * split_k >= waves * sms:
+            return tile, split_k
+    return None
 
 
 # Per-multiprocessor limits the occupancy estimate uses (sm_70 and later).
@@ -233,6 +262,8 @@ class GpuMatmulTemplate(Template):
         space.define_choice("vector", [1, 2, 4])
         space.define_choice("unroll", [64, 256])
         space.define_choice("pipeline", list(PIPELINES))
+        # simt only; records from before the knob schedule unsplit
+        space.define_choice("split_k", list(SPLIT_K), default=1)
         return space
 
     def dims(self, ctx: ScheduleContext) -> tuple[int, int, int, int]:
@@ -260,10 +291,15 @@ class GpuMatmulTemplate(Template):
         vector = 4 if k % 4 == 0 and n % 4 == 0 else 2 if k % 2 == 0 and n % 2 == 0 else 1
         workload = ctx.workload or {}
 
-        def config(micro_k: int, pipeline: str) -> dict[str, Any]:
+        def config(micro_k: int, pipeline: str, split_k: int = 1) -> dict[str, Any]:
             return {"rule": rule, "tile": tile_name(tile), "micro_k": micro_k,
-                    "vector": vector, "unroll": 256, "pipeline": pipeline}
+                    "vector": vector, "unroll": 256, "pipeline": pipeline,
+                    "split_k": split_k}
 
+        split = split_k_tile(batch, m, n, k, sms) if rule == "simt" else None
+        if split is not None:
+            tile, split_k = split
+            return space.from_json(config(16, "none", split_k))
         tm, tn = tile_shape(tile)
         if grid_blocks(tile, batch, m, n) < 4 * sms and tm * tn <= 32 * 64 and k >= 256:
             # A small grid with a long k loop is bound by each step's load latency
@@ -296,6 +332,9 @@ class GpuMatmulTemplate(Template):
                 result = dl.gpu.LowBatchGEMV().apply(func, ctx.target, False)
             else:
                 result = None
+            split_k = int(config.get("split_k", 1))
+            if split_k > 1 and rule != "simt":
+                raise ValueError(f"split_k {split_k}: the {rule} rule does not split k")
             if rule == "simt":
                 tile = tuple(int(v) for v in config["tile"].split(","))
                 double = config["pipeline"] == "double"
@@ -306,7 +345,7 @@ class GpuMatmulTemplate(Template):
                     raise ValueError(f"the tile needs {shared} bytes of shared memory; "
                                      f"a block may use {limit}")
                 result = schedule_simt_matmul(func, tile, config["micro_k"], config["vector"],
-                                              config["unroll"], config["pipeline"])
+                                              config["unroll"], config["pipeline"], split_k)
             if result is None:  # the GEMV rules refuse some forms: the tiled one then
                 result = _ConfiguredMatmul(config).apply(func, ctx.target, False)
         if result is None:

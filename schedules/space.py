@@ -62,6 +62,9 @@ class Knob:
     name: str
     kind: str  # "split", "choice", "bool"
     options: tuple[Any, ...]
+    # the value of a config written before the knob existed (None: such a config is
+    # refused); it must be the option that schedules as the template did then
+    default: Any = None
 
     def __len__(self) -> int:
         return len(self.options)
@@ -126,8 +129,13 @@ class ConfigSpace:
         options += [o for o in ragged if o not in options]
         return self._add(Knob(name, "split", tuple(options)))
 
-    def define_choice(self, name: str, values: Sequence[Any]) -> Knob:
-        return self._add(Knob(name, "choice", tuple(dict.fromkeys(values))))
+    def define_choice(self, name: str, values: Sequence[Any], default: Any = None) -> Knob:
+        """`default`: the option a config without this knob (a record from before
+        it was added) takes."""
+        options = tuple(dict.fromkeys(values))
+        if default is not None and not any(same_value(default, o) for o in options):
+            raise ValueError(f"knob {name!r}: default {default!r} is no option")
+        return self._add(Knob(name, "choice", options, default))
 
     def define_bool(self, name: str) -> Knob:
         return self._add(Knob(name, "bool", (False, True)))
@@ -198,9 +206,9 @@ class ConfigSpace:
         no block size of 8 (tuning records are checked here, for every template)."""
         digits = []
         for knob in self.knobs:
-            if knob.name not in values:
+            if knob.name not in values and knob.default is None:
                 raise KeyError(f"config lacks knob {knob.name!r}")
-            value = values[knob.name]
+            value = values.get(knob.name, knob.default)
             digit = next((d for d, option in enumerate(knob.options)
                           if same_value(value, option)), None)
             if digit is None:

@@ -356,3 +356,39 @@ def test_double_buffered_k_loop_loads_ahead_of_the_fmas():
         out = tvm.runtime.empty((256, 256), "float32", dev)
         lib["mm"](tvm.runtime.tensor(a.numpy(), dev), tvm.runtime.tensor(b.numpy(), dev), out)
         assert_close(torch.from_numpy(out.numpy()), a @ b, rtol=1e-4, atol=1e-4)
+
+
+class _ConvResidual(torch.nn.Module):
+    """ResNet-18's last 3x3 conv at batch 16 (784 x 512 x 4608 as a GEMM), with its
+    bias, residual add and relu."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(512, 512, 3, padding=1)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.conv(x) + residual)
+
+
+def _split_k_cases():
+    gen = torch.Generator().manual_seed(3)
+    conv = (_ConvResidual().eval(), (torch.randn(16, 512, 7, 7, generator=gen),
+                                     torch.randn(16, 512, 7, 7, generator=gen)))
+    dense = (torch.nn.Sequential(torch.nn.Linear(4608, 512), torch.nn.GELU()).eval(),
+             (torch.randn(784, 4608, generator=gen),))
+    return {"conv": conv, "dense": dense}
+
+
+@pytest.mark.parametrize("name", ["conv", "dense"])
+def test_a_grid_too_small_for_the_gpu_splits_k_and_matches_torch(name):
+    """104 blocks of 64 x 64 on the H200's 132 multiprocessors: the fallback splits k
+    in 4 (partial sums, then their sum with the epilogue in a second kernel)."""
+    module, inputs = _split_k_cases()[name]
+    compiled = tecc.compile(module, inputs, target=f"cuda:{ARCH}")
+    (task,) = compiled.tasks()
+    assert task["source"] == "fallback" and task["config"]["split_k"] == 4, task
+    if GPU:
+        with torch.no_grad():
+            expected = module(*inputs)
+        got = to_cpu(compiled(*_on_gpu(inputs)))
+        assert max_rel_error(got, expected) < 1e-4, max_rel_error(got, expected)

@@ -78,3 +78,18 @@ def test_bad_json_is_refused():
     del values["unroll"]
     with pytest.raises(KeyError):
         space.from_json(values)
+
+
+def test_a_knob_added_later_gives_old_configs_its_default():
+    """A record written before a knob existed parses with the knob's default (the
+    value that schedules as the template did then); without a default it is refused."""
+    space = ConfigSpace()
+    space.define_choice("tile", [4, 8])
+    space.define_choice("split_k", [1, 2, 4], default=1)
+    old = space.from_json({"tile": 8})
+    assert dict(old) == {"tile": 8, "split_k": 1}
+    assert space.from_json({"tile": 8, "split_k": 4})["split_k"] == 4
+    with pytest.raises(KeyError, match="tile"):
+        space.from_json({"split_k": 2})
+    with pytest.raises(ValueError, match="default"):
+        ConfigSpace().define_choice("x", [1, 2], default=3)

@@ -70,8 +70,9 @@ def schedule_simt_matmul(func: tirx.PrimFunc, tile: tuple[int, ...], block_k: in
     """The schedule described in the module docstring, or None when `func` holds no
     dense-like reduction. `tile` = (threads along I, along J, vthreads I, J,
     micro tile I, J). `split_k` > 1: the k loop split into that many slices, one grid
-    of blocks each (rfactor), whose partial sums a second kernel adds up, the epilogue
-    after it (the leftover blocks get the plain binding, gpu_default.bind_unbound)."""
+    of blocks each (rfactor), whose partial sums a second kernel adds up, an output
+    element per thread; the epilogue's last block, where one is left, gets the plain
+    binding (gpu_default.bind_unbound)."""
     tm, tn, vm, vn, mm, mn = tile
     sch = Schedule(func)
     root = get_root_block(sch)

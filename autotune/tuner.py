@@ -78,9 +78,25 @@ class Tuner:
         return len(self.visited) >= len(self.space)
 
     def next_batch(self, n: int) -> list[Config]:
+        """Up to `n` configs to measure; configs the space's constraints refuse are
+        marked visited unmeasured (no trial spent on them) and others proposed."""
         trained = self.model is not None and self.model.trained
-        return self.strategy.propose(n, self.space, self.history,
-                                     self._score if trained else None)
+        batch: list[Config] = []
+        for _ in range(8):  # a mostly refused space can run out of proposals
+            proposed = self.strategy.propose(n - len(batch), self.space, self.history,
+                                             self._score if trained else None)
+            taken = {c.index for c in batch}
+            for config in proposed:
+                if config.index in taken:
+                    continue
+                if self.space.why_not(config) is None:
+                    batch.append(config)
+                    taken.add(config.index)
+                else:
+                    self.history.visited.add(config.index)
+            if not proposed or len(batch) >= n:
+                break
+        return batch
 
     def _score(self, configs: Sequence[Config]) -> np.ndarray:
         """The cost model's scores of configs (higher: faster)."""

@@ -124,6 +124,11 @@ def fallback_tile(batch: int, m: int, n: int, sms: int) -> tuple[int, ...]:
     return SMALL_TILE
 
 
+def _split_needs_simt(config: Config) -> bool:
+    # a module-level function: configs travel to build workers with their space
+    return config["split_k"] == 1 or config["rule"] == "simt"
+
+
 def split_k_tile(batch: int, m: int, n: int, k: int, sms: int
                  ) -> tuple[tuple[int, ...], int] | None:
     """A large tile and the fewest k slices that give its grid WAVES[0] where no tile
@@ -264,6 +269,7 @@ class GpuMatmulTemplate(Template):
         space.define_choice("pipeline", list(PIPELINES))
         # simt only; records from before the knob schedule unsplit
         space.define_choice("split_k", list(SPLIT_K), default=1)
+        space.add_constraint(_split_needs_simt, "only the simt rule splits k")
         return space
 
     def dims(self, ctx: ScheduleContext) -> tuple[int, int, int, int]:
@@ -325,6 +331,9 @@ class GpuMatmulTemplate(Template):
 
         func = ctx.sch.mod["main"]
         rule = config["rule"]
+        refused = config.space.why_not(config) if config.space is not None else None
+        if refused:  # a config given by hand or from an edited record
+            raise ValueError(f"config {config.to_json()} refused: {refused}")
         with ctx.target:
             if rule == "gemv":
                 result = dl.gpu.GEMV().apply(func, ctx.target, False)
@@ -333,8 +342,6 @@ class GpuMatmulTemplate(Template):
             else:
                 result = None
             split_k = int(config.get("split_k", 1))
-            if split_k > 1 and rule != "simt":
-                raise ValueError(f"split_k {split_k}: the {rule} rule does not split k")
             if rule == "simt":
                 tile = tuple(int(v) for v in config["tile"].split(","))
                 double = config["pipeline"] == "double"

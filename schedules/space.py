@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import numbers
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,6 +104,18 @@ class ConfigSpace:
     def __init__(self) -> None:
         self.knobs: list[Knob] = []
         self._by_name: dict[str, Knob] = {}
+        # (predicate on a config, why a config failing it is no point of the space)
+        self._constraints: list[tuple[Callable[[Config], bool], str]] = []
+
+    def add_constraint(self, predicate: Callable[[Config], bool], why: str) -> None:
+        """Configs for which `predicate` is false are no points of the space (knob
+        values that exclude each other): the tuner never measures them. `predicate`
+        must pickle (a module-level function): configs go to build workers."""
+        self._constraints.append((predicate, why))
+
+    def why_not(self, config: Config) -> str | None:
+        """Why `config` is refused by a constraint, None if it is not."""
+        return next((why for ok, why in self._constraints if not ok(config)), None)
 
     # -- declaring knobs
     def _add(self, knob: Knob) -> Knob:

@@ -93,3 +93,30 @@ def test_a_knob_added_later_gives_old_configs_its_default():
         space.from_json({"split_k": 2})
     with pytest.raises(ValueError, match="default"):
         ConfigSpace().define_choice("x", [1, 2], default=3)
+
+
+def test_configs_a_constraint_refuses_are_never_proposed_nor_measured():
+    """A knob value that excludes another (split_k > 1 with a rule that does not split):
+    the tuner marks such configs visited without spending a trial on them."""
+    from types import SimpleNamespace
+
+    from tecc.autotune.search import RandomSearch
+    from tecc.autotune.tuner import Tuner
+
+    space = ConfigSpace()
+    space.define_choice("rule", ["simt", "tiled"])
+    space.define_choice("split_k", [1, 2, 4])
+    space.add_constraint(lambda c: c["split_k"] == 1 or c["rule"] == "simt", "no split")
+    assert space.why_not(space.from_json({"rule": "tiled", "split_k": 2})) == "no split"
+    assert space.why_not(space.from_json({"rule": "simt", "split_k": 2})) is None
+    tuner = Tuner(SimpleNamespace(space=space), RandomSearch(seed=1))
+    seen = []
+    while not tuner.exhausted:
+        batch = tuner.next_batch(2)
+        if not batch:
+            break
+        seen += batch
+        tuner.record(batch, [1.0] * len(batch))
+    assert sorted((c["rule"], c["split_k"]) for c in seen) == [
+        ("simt", 1), ("simt", 2), ("simt", 4), ("tiled", 1)]
+    assert tuner.exhausted

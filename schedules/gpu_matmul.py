@@ -30,11 +30,11 @@ from tvm.s_tir import Schedule
 from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.dlight.gpu.matmul import (
     auto_inline_consumer_chain,
+    auto_inline_consumers,
     auto_inline_producers,
     get_index_map,
     get_reduction_blocks,
 )
-from tvm.s_tir.schedule import ScheduleError
 
 
 def _contiguous_axis(sch: Schedule, block: Any, index: int) -> str | None:
@@ -203,7 +203,7 @@ def schedule_simt_matmul(func: tirx.PrimFunc, tile: tuple[int, ...], block_k: in
     else:
         # the sum of the slices (a reduction: nothing inlines into it) and after it the
         # epilogue, its injective blocks inlined into the last one: two kernels more
-        _inline_chain(sch, write_back)
+        auto_inline_consumers(sch, write_back)
         _bind_slice_sum(sch, write_back)
     sch.decompose_reduction(main, ko)
     # the whole k step unrolled: fragment loads at constant shared offsets, no loop
@@ -236,23 +236,3 @@ def _bind_slice_sum(sch: Schedule, block: Any, threads: int = 256) -> None:
     sch.bind(bx, "blockIdx.x")
     sch.bind(tx, "threadIdx.x")
 
-
-def _inline_chain(sch: Schedule, block: Any) -> None:
-    """Inline the injective consumers after `block` into the blocks that read them,
-    where TVM allows it (not the function's outputs)."""
-    def names(of: Any) -> list[str]:
-        return [sch.get(c).name_hint for c in sch.get_consumers(of)]
-
-    pending, seen = names(block), set()
-    while pending:
-        name = pending.pop(0)
-        if name in seen:
-            continue
-        seen.add(name)
-        consumer = sch.get_sblock(name)
-        later = names(consumer)
-        try:
-            sch.compute_inline(consumer)
-        except ScheduleError:
-            pass
-        pending.extend(later)

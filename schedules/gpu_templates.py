@@ -107,6 +107,12 @@ def grid_blocks(tile: tuple[int, ...], batch: int, m: int, n: int) -> int:
     return batch * -(-m // tm) * -(-n // tn)
 
 
+def padding_of(tile: tuple[int, ...], m: int, n: int) -> float:
+    """The padded m x n output's area over the output's, in `tile`'s block tiles."""
+    tm, tn = tile_shape(tile)
+    return (-(-m // tm) * tm * -(-n // tn) * tn) / (m * n)
+
+
 def fallback_tile(batch: int, m: int, n: int, sms: int) -> tuple[int, ...]:
     """The first tile of TILES (largest first) that pads the matrix by at most
     MAX_PADDING and passes WAVES[0], else WAVES[1], else the 16 x 16 tile of 64
@@ -114,8 +120,7 @@ def fallback_tile(batch: int, m: int, n: int, sms: int) -> tuple[int, ...]:
     grids = []
     for tile in TILES:
         tm, tn = tile_shape(tile)
-        padding = (-(-m // tm) * tm * -(-n // tn) * tn) / (m * n)
-        if padding <= MAX_PADDING:
+        if padding_of(tile, m, n) <= MAX_PADDING:
             grids.append((tile, tm * tn, grid_blocks(tile, batch, m, n)))
     for waves, min_area in WAVES:
         for tile, area, blocks in grids:
@@ -139,8 +144,7 @@ def split_k_tile(batch: int, m: int, n: int, k: int, sms: int
     large = []
     for tile in TILES:
         tm, tn = tile_shape(tile)
-        padding = (-(-m // tm) * tm * -(-n // tn) * tn) / (m * n)
-        if tm * tn >= min_area and padding <= MAX_PADDING:
+        if tm * tn >= min_area and padding_of(tile, m, n) <= MAX_PADDING:
             large.append((tile, grid_blocks(tile, batch, m, n)))
     if not large or any(blocks >= waves * sms for _, blocks in large):
         return None
@@ -238,7 +242,7 @@ def kernel_features(workload: dict[str, Any], config: dict[str, Any],
         "waves": waves, "wave_efficiency": waves / math.ceil(waves),
         "bytes_per_step": step_bytes, "flops_per_byte": 2 * bm * bn / ((bm + bn) * 4),
         "global_bytes": blocks * k_steps * step_bytes,
-        "padding": (-(-m // bm) * bm * -(-n // bn) * bn) / (m * n),
+        "padding": padding_of(tile, m, n),
         "vector_bytes": 4 * int(config["vector"]), "unroll": int(config["unroll"]),
         "double_buffered": float(double), "dlight_rule": float(config["rule"] != "simt"),
     }
@@ -341,7 +345,6 @@ class GpuMatmulTemplate(Template):
                 result = dl.gpu.LowBatchGEMV().apply(func, ctx.target, False)
             else:
                 result = None
-            split_k = int(config.get("split_k", 1))
             if rule == "simt":
                 tile = tuple(int(v) for v in config["tile"].split(","))
                 double = config["pipeline"] == "double"
@@ -352,7 +355,8 @@ class GpuMatmulTemplate(Template):
                     raise ValueError(f"the tile needs {shared} bytes of shared memory; "
                                      f"a block may use {limit}")
                 result = schedule_simt_matmul(func, tile, config["micro_k"], config["vector"],
-                                              config["unroll"], config["pipeline"], split_k)
+                                              config["unroll"], config["pipeline"],
+                                              config["split_k"])
             if result is None:  # the GEMV rules refuse some forms: the tiled one then
                 result = _ConfiguredMatmul(config).apply(func, ctx.target, False)
         if result is None:

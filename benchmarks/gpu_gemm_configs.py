@@ -46,12 +46,23 @@ def _matmul(m: int, n: int, k: int) -> dict[str, Any]:
             "attrs": {}}
 
 
+def _dense(m: int, n: int, k: int) -> dict[str, Any]:
+    """x[m, k] @ w[n, k].T, as torch's Linear."""
+    return {"template": "dense", "inputs": [[[m, k], "float32"], [[n, k], "float32"]],
+            "attrs": {}}
+
+
 WORKLOADS: dict[str, dict[str, Any]] = {
     "gemm_1024": _matmul(1024, 1024, 1024),
     "gemm_4096": _matmul(4096, 4096, 4096),
     # x[2048, 3072] @ w[768, 3072].T: BERT-base's FFN output dense at batch 16, seq 128
-    "bert_dense_b16": {"template": "dense", "attrs": {},
-                       "inputs": [[[2048, 3072], "float32"], [[768, 3072], "float32"]]},
+    "bert_dense_b16": _dense(2048, 768, 3072),
+    "bert_ffn_up_b16": _dense(2048, 3072, 768),
+    "bert_attn_out_b16": _dense(2048, 768, 768),
+    # the same at batch 1: grids of 24 to 96 blocks of 64 x 64 on 132 multiprocessors
+    "bert_dense_b1": _dense(128, 768, 3072),
+    "bert_ffn_up_b1": _dense(128, 3072, 768),
+    "bert_attn_out_b1": _dense(128, 768, 768),
     **{f"conv_{c}x{hw}_b{n}": _conv(n, c, hw)
        for n in (16, 1) for c, hw in ((512, 7), (256, 14), (128, 28))},
 }
@@ -65,19 +76,23 @@ def flops(workload: dict[str, Any]) -> int:
 
 
 def ranked_configs(workload: dict[str, Any], count: int) -> list[dict[str, Any]]:
-    """The `count` simt configs (vector 4, unroll 256) that an estimate from the
+    """The `count` unsplit simt configs (vector 4, unroll 256) and the `count` // 2
+    configs with k in slices that an estimate from the
     template's kernel features ranks first: time ~ waves x blocks resident per
     multiprocessor x block tile area / efficiency, where the efficiency counts FMAs
     per shared load of the register tile (8x8 best), warps to hide latency (8 per
     multiprocessor), the block tile's reuse of what it loads, and, on long k loops,
     whether the next step's loads are in flight (register double buffering), and the
-    syncs of each k step."""
+    syncs of each k step; k slices divide each block's work and add the partial sums'
+    round trip through global memory (at ~3 TB/s, in FMA-row units of the block)."""
     from tecc.schedules.gpu_templates import (
         MICRO_K,
         PIPELINES,
+        SPLIT_K,
         TILES,
         kernel_features,
         tile_name,
+        workload_dims,
     )
 
     from tecc.target import target_info
@@ -85,10 +100,14 @@ def ranked_configs(workload: dict[str, Any], count: int) -> list[dict[str, Any]]
     info = target_info(TARGET)
     limit = info.max_shared_memory_per_block or 49152
     sms = info.multiprocessors or 132
-    scored = []
-    for tile, micro_k, pipeline in itertools.product(TILES, MICRO_K, PIPELINES):
+    batch, m, n, k = workload_dims(workload)
+    scored: dict[bool, list] = {False: [], True: []}
+    for tile, micro_k, pipeline, split_k in itertools.product(TILES, MICRO_K, PIPELINES,
+                                                               SPLIT_K):
+        if k // split_k < max(4 * micro_k, 128):
+            continue
         config = {"rule": "simt", "tile": tile_name(tile), "micro_k": micro_k, "vector": 4,
-                  "unroll": 256, "pipeline": pipeline}
+                  "unroll": 256, "pipeline": pipeline, "split_k": split_k}
         if kernel_features(workload, config, info)["shared_bytes"] > limit:
             continue
         f = kernel_features(workload, config, info)
@@ -103,9 +122,20 @@ def ranked_configs(workload: dict[str, Any], count: int) -> list[dict[str, Any]]
         # a short loop barely overlaps; each step pays its syncs (~4 FMA rows' worth)
         steps = (1.0 if f["k_steps"] >= 8 else 0.9) * micro_k / (micro_k + 4)
         time = waves * resident * bm * bn / (fma_per_load * warps * reuse * overlap * steps)
-        scored.append((time, config))
-    scored.sort(key=lambda s: s[0])
-    return [c for _, c in scored[:count]]
+        time /= split_k
+        if split_k > 1:
+            # the partial sums' bytes at ~3 TB/s against ~60 TFLOP/s of FMAs, in the
+            # same units (one unit: a block tile's FMAs of a k of the whole loop)
+            time += (2 * split_k * batch * m * n * 4 / 3e12) * 60e12 / (2 * k) / sms
+        scored[split_k > 1].append((time, config))
+    ranked = [c for _, c in sorted(scored[False], key=lambda s: s[0])[:count]]
+    # the split configs: the best k step and pipeline of each tile and slice count
+    seen: set[tuple[str, int]] = set()
+    for _, c in sorted(scored[True], key=lambda s: s[0]):
+        if (c["tile"], c["split_k"]) not in seen and len(seen) < count // 2:
+            seen.add((c["tile"], c["split_k"]))
+            ranked.append(c)
+    return ranked
 
 
 def _build(job: tuple[str, dict | None, str]) -> tuple[str, str | None]:
@@ -220,7 +250,9 @@ def measure(name: str, jobs: list, errors: dict, log: Path) -> dict[str, float]:
 def config_name(config: dict | None) -> str:
     if config is None:
         return "fallback"
-    return f"{config['rule']} {config['tile']} k{config['micro_k']} {config['pipeline']}"
+    split = f" split{config['split_k']}" if config.get("split_k", 1) > 1 else ""
+    return (f"{config['rule']} {config['tile']} k{config['micro_k']} "
+            f"{config['pipeline']}{split}")
 
 
 def main() -> None:

@@ -213,17 +213,20 @@ def kernel_features(workload: dict[str, Any], config: dict[str, Any],
     addresses), occupancy by
     the multiprocessor's thread, block, shared-memory and register limits, waves of
     blocks over the multiprocessors, bytes staged per k step and in all, arithmetic
-    intensity, padding. The dlight rules (gemv, tiled) fix some of these themselves;
-    they are then the tile's estimate."""
+    intensity, padding. With k in `split_k` slices the grid is that many times larger,
+    each block's k loop that many times shorter, and the slices' partial sums go out to
+    global memory and back (`global_bytes`). The dlight rules (gemv, tiled) fix some of
+    these themselves; they are then the tile's estimate."""
     batch, m, n, k = workload_dims(workload)
+    split_k = int(config.get("split_k", 1)) if config["rule"] == "simt" else 1
     tile = tuple(int(v) for v in str(config["tile"]).split(","))
     tm, tn, vm, vn, mm, mn = tile
     bm, bn = tile_shape(tile)
     micro_k = int(config["micro_k"])
     double = config["pipeline"] == "double" and config["rule"] == "simt"
     threads = tm * tn
-    blocks = grid_blocks(tile, batch, m, n)
-    k_steps = -(-k // micro_k)
+    blocks = grid_blocks(tile, batch, m, n) * split_k
+    k_steps = -(-k // (micro_k * split_k))
     staged = register_staged(workload, config)
     shared = shared_bytes(tile, micro_k, double and not staged)
     registers = (vm * vn * mm * mn + vm * mm + vn * mn + 24
@@ -241,7 +244,9 @@ def kernel_features(workload: dict[str, Any], config: dict[str, Any],
         "blocks_per_sm": per_sm, "occupancy": per_sm * threads / THREADS_PER_SM,
         "waves": waves, "wave_efficiency": waves / math.ceil(waves),
         "bytes_per_step": step_bytes, "flops_per_byte": 2 * bm * bn / ((bm + bn) * 4),
-        "global_bytes": blocks * k_steps * step_bytes,
+        # the partial sums, written by the slices and read by the sum kernel
+        "global_bytes": blocks * k_steps * step_bytes + (
+            2 * split_k * batch * m * n * 4 if split_k > 1 else 0),
         "padding": padding_of(tile, m, n),
         "vector_bytes": 4 * int(config["vector"]), "unroll": int(config["unroll"]),
         "double_buffered": float(double), "dlight_rule": float(config["rule"] != "simt"),

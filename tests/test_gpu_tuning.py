@@ -144,6 +144,16 @@ def test_kernel_features_agree_with_the_built_kernel():
             0].inspect_source()
         shared = sum(4 * int(n) for n in re.findall(r"__shared__ .*float \w+\[(\d+)\]", source))
         assert features["shared_bytes"] == shared, (values, source[:2000])
+    # k in 4 slices: a grid of blocks per slice (on blockIdx.y), a quarter of the k loop
+    # each, and the partial sums through global memory
+    whole, split = (kernel_features(task.workload, config_of(
+        task, tile="16,16,1,1,4,4", split_k=s), info) for s in (1, 4))
+    extents = launch_extents(task.build_primfunc(config_of(
+        task, tile="16,16,1,1,4,4", split_k=4)))
+    assert split["blocks"] == 4 * whole["blocks"] == 4 * 2 * 6
+    assert extents["blockIdx.y"] == 4 * 2  # the slices times the row tiles
+    assert split["k_steps"] == whole["k_steps"] // 4 == 4
+    assert split["global_bytes"] > whole["global_bytes"]
     # the cost model reads the knobs and these, not the scheduled loop nest
     cache = FeatureCache(task)
     rows = cache([task.space.get(0), task.space.get(7)])

@@ -30,7 +30,7 @@ import numpy as np
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import write_table  # noqa: E402
+from benchmarks.common import RESULTS, write_table  # noqa: E402
 
 TARGET = "cuda:sm_90"
 
@@ -300,11 +300,32 @@ def main() -> None:
                   f"{config}  {note}")
             rows.append([name, config, f"{sec * 1e6:.1f}", f"{tflops:.2f}",
                          f"{total / reference / 1e12:.2f}", f"{reference / sec:.2f}x", note or ""])
+    # the rows and commands of earlier runs for the workloads not measured in this one
+    kept_rows, commands = previous_rows(RESULTS / "gpu_gemm_configs.md", set(names))
+    commands.append("Command: `python benchmarks/gpu_gemm_configs.py "
+                    f"--only {args.only} --configs {args.configs}`")
     write_table("gpu_gemm_configs",
                 "GPU matmul / implicit-GEMM conv configs against cuBLAS / cuDNN (fp32, TF32 off)",
                 ["workload", "config", "us", "TFLOP/s", "torch TFLOP/s", "vs torch", "check"],
-                rows, ["Command: `python benchmarks/gpu_gemm_configs.py "
-                       f"--only {args.only} --configs {args.configs}`"])
+                kept_rows + rows, commands)
+
+
+def previous_rows(path: Path, measured: set[str]) -> tuple[list[list[str]], list[str]]:
+    """The table rows in `path` of the workloads not in `measured`, and the command
+    lines of the runs they came from."""
+    if not path.exists():
+        return [], []
+    rows, commands = [], []
+    for line in path.read_text().splitlines():
+        if line.startswith("Command:"):
+            commands.append(line)
+        elif line.startswith("| ") and not line.startswith("| workload"):
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            if cells[0] not in measured:
+                rows.append(cells)
+    workloads = {r[0] for r in rows}
+    commands = [c for c in commands if any(w in c for w in workloads)]
+    return rows, commands
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ import pytest
 import torch
 from tecc.runtime import cuda as runtime_cuda
 from tecc.schedules.gpu_default import UnboundKernelError, check_bound, launch_extents
+from tecc.schedules.gpu_templates import split_k_tile
 
 import tecc
 from tecc import runtime
@@ -376,19 +377,38 @@ def _split_k_cases():
                                      torch.randn(16, 512, 7, 7, generator=gen)))
     dense = (torch.nn.Sequential(torch.nn.Linear(4608, 512), torch.nn.GELU()).eval(),
              (torch.randn(784, 4608, generator=gen),))
-    return {"conv": conv, "dense": dense}
+    # BERT-base's FFN output at batch 1: 24 blocks of 64 x 64, 32 x 64 in 8 slices
+    ffn_out = (torch.nn.Linear(3072, 768).eval(), (torch.randn(1, 128, 3072, generator=gen),))
+    return {"conv": (conv, 4), "dense": (dense, 4), "ffn_out": (ffn_out, 8)}
 
 
-@pytest.mark.parametrize("name", ["conv", "dense"])
+@pytest.mark.parametrize("name", ["conv", "dense", "ffn_out"])
 def test_a_grid_too_small_for_the_gpu_splits_k_and_matches_torch(name):
-    """104 blocks of 64 x 64 on the H200's 132 multiprocessors: the fallback splits k
-    in 4 (partial sums, then their sum with the epilogue in a second kernel)."""
-    module, inputs = _split_k_cases()[name]
+    """104 blocks of 64 x 64 (24 for ffn_out) on the H200's 132 multiprocessors: the
+    fallback splits k (partial sums, then their sum with the epilogue in a second
+    kernel)."""
+    (module, inputs), slices = _split_k_cases()[name]
     compiled = tecc.compile(module, inputs, target=f"cuda:{ARCH}")
     (task,) = compiled.tasks()
-    assert task["source"] == "fallback" and task["config"]["split_k"] == 4, task
+    assert task["source"] == "fallback" and task["config"]["split_k"] == slices, task
     if GPU:
         with torch.no_grad():
             expected = module(*inputs)
         got = to_cpu(compiled(*_on_gpu(inputs)))
         assert max_rel_error(got, expected) < 1e-4, max_rel_error(got, expected)
+
+
+def test_the_fallback_splits_k_for_small_grids_and_for_larger_tiles_on_long_k():
+    """split_k_tile on the H200's 132 multiprocessors, shapes measured there
+    (benchmarks/results/gpu_gemm_configs.md)."""
+    sms = 132
+    # no 64 x 64 grid fills the GPU: the fewest slices, else 32 x 64 tiles
+    assert split_k_tile(1, 784, 512, 4608, sms) == ((16, 16, 1, 1, 4, 4), 4)
+    assert split_k_tile(1, 128, 768, 3072, sms) == ((8, 16, 1, 1, 4, 4), 8)
+    assert split_k_tile(1, 128, 3072, 768, sms) == ((8, 16, 1, 1, 4, 4), 2)
+    # 64 x 64 fills it: 128 x 128 in slices of 768 (BERT-base's FFN output at batch 16)
+    assert split_k_tile(1, 2048, 768, 3072, sms) == ((16, 16, 2, 2, 4, 4), 4)
+    # slices shorter than 768, or a grid of the largest tile that fills the GPU: whole
+    for m, n, k in ((2048, 768, 768), (1024, 1024, 1024), (2048, 3072, 768),
+                    (4096, 4096, 4096), (49, 512, 4608)):
+        assert split_k_tile(1, m, n, k, sms) is None, (m, n, k)

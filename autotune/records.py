@@ -14,7 +14,8 @@ where a task's best configs and its fallback ran in interleaved rounds (one line
 config and round). A single measurement can be lucky or unlucky by 2x on a busy
 machine; the rounds of one session ran under the same conditions, so at compile time
 the latest session decides (lowest median over its rounds), the other lines only
-where a workload has no session.
+where a workload has no session, or where measurements are later than its latest
+session (a run stopped before it verified): then the best single measurement.
 
 Which records serve a compile target is decided by what the code needs from the
 machine and what it was timed with, never by CPU names (`target_relation`):
@@ -333,14 +334,21 @@ class Choice:
 
 
 def _latest_session(records: Sequence[Record]) -> list[Record]:
-    """The records of the latest verification session among `records` (none: [])."""
+    """The records of the latest verification session among `records`; none ([]) when
+    there is none or when a measurement outside sessions is later than it: a tuning
+    run stopped before its own verification measured configs (perhaps of knobs or
+    fallbacks newer than the session) that the older session never saw."""
     sessions: dict[str, list[Record]] = {}
     for r in records:
         if r.verify is not None:
             sessions.setdefault(r.verify, []).append(r)
     if not sessions:
         return []
-    return max(sessions.values(), key=lambda rs: max(r.timestamp for r in rs))
+    latest = max(sessions.values(), key=lambda rs: max(r.timestamp for r in rs))
+    ended = max(r.timestamp for r in latest)
+    if any(r.verify is None and r.ok and r.timestamp > ended for r in records):
+        return []
+    return latest
 
 
 def _by_median(records: Sequence[Record]) -> tuple[Record, float] | None:

@@ -131,6 +131,8 @@ def _session(name: str, timestamp: float, costs: dict[int, list[float | None]]) 
 
 def test_latest_verification_session_decides_by_median(tmp_path):
     lucky = [rec(AVX2, 1.0e-3, 4), rec(AVX2, 1.5e-3, 8), rec(AVX2, 1.2e-3, 16)]
+    for r in lucky:  # measured before the sessions
+        r.timestamp = 5.0
     older = _session("s1", 10.0, {4: [2e-3] * 3, 16: [0.5e-3] * 3})
     latest = _session("s2", 20.0, {4: [2.0e-3, 1.0e-3, 2.1e-3], 8: [1.4e-3, 3.0e-3, 1.5e-3],
                                    16: [0.4e-3, None, 0.4e-3]})
@@ -157,6 +159,25 @@ def test_latest_verification_session_decides_by_median(tmp_path):
     kept = best_records(records)
     assert {r.verify for r in kept} == {"s2"} and len(kept) == 9
     assert [r.config for r in best_records(lucky)] == [{"tile": 4}]
+
+
+def test_measurements_after_the_latest_session_decide_by_the_best_single_one():
+    """A tuning run stopped before its verification (killed, or out of time) measured
+    configs the older session never saw: the session no longer decides alone."""
+    session = _session("s1", 10.0, {4: [2e-3] * 3, 8: [3e-3] * 3})
+    later = rec(AVX2, 1.0e-3, 16)
+    later.timestamp = 11.0
+    assert RecordDatabase(session).choose(DENSE, AVX2).config == {"tile": 4}
+    choice = RecordDatabase([*session, later]).choose(DENSE, AVX2)
+    assert choice.config == {"tile": 16} and choice.cost_s == pytest.approx(later.cost)
+    # a failed later measurement leaves the session deciding
+    failed = rec(AVX2, 1.0e-3, 32, error="run_error: crashed")
+    failed.timestamp = 12.0
+    assert RecordDatabase([*session, failed]).choose(DENSE, AVX2).config == {"tile": 4}
+
+    from tecc.autotune.records import best_records
+
+    assert [r.config for r in best_records([*session, later])] == [{"tile": 16}]
 
 
 def test_verify_field_must_name_a_session(tmp_path):

@@ -38,6 +38,8 @@ RESNET18_CONVS = [(3, 224, 64, 7, 2), (64, 56, 64, 3, 1), (64, 56, 128, 3, 2),
                   (128, 28, 256, 1, 2), (256, 14, 256, 3, 1), (256, 14, 512, 3, 2),
                   (256, 14, 512, 1, 2), (512, 7, 512, 3, 1)]
 BERT_DENSE = [(128, 768, 768), (128, 768, 3072), (128, 3072, 768)]  # (M, K, N)
+# attention's two batched products in Whisper's encoder (d_model 384): (heads, frames, dim)
+WHISPER_ATTENTION = [(6, 1500, 64)]
 
 
 def var(name: str, shape: tuple[int, ...]) -> Var:
@@ -77,6 +79,17 @@ def workloads() -> list[dict]:
         out.append({"name": f"bert_dense_{m}x{k}x{n}", "func": Function([x], Call(
             "nn.dense", [x, w])), "flops": 2 * m * k * n, "shapes": [(m, k), (n, k)],
             "torch": lambda x_, w_: F.linear(x_, w_), "numpy": lambda x_, w_: x_ @ w_.T})
+    for h, t, d in WHISPER_ATTENTION:
+        q, k = var("q", (h, t, d)), var("k", (h, t, d))
+        out.append({"name": f"attn_qk_{h}x{t}x{d}", "func": Function([q, k], Call(
+            "nn.matmul", [q, k], {"transpose_b": True})), "flops": 2 * h * t * t * d,
+            "shapes": [(h, t, d), (h, t, d)],
+            "torch": lambda q_, k_: q_ @ k_.transpose(-1, -2),
+            "numpy": lambda q_, k_: q_ @ np.swapaxes(k_, -1, -2)})
+        p, v = var("p", (h, t, t)), var("v", (h, t, d))
+        out.append({"name": f"attn_pv_{h}x{t}x{d}", "func": Function([p, v], Call(
+            "nn.matmul", [p, v])), "flops": 2 * h * t * t * d, "shapes": [(h, t, t), (h, t, d)],
+            "torch": lambda p_, v_: p_ @ v_, "numpy": np.matmul})
     return out
 
 

@@ -17,7 +17,8 @@ Every helper takes the Schedule and block/loop RVs; none reads the build host.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import tvm
 from tecc.schedules.computes import ANCHOR_ATTR
@@ -30,7 +31,7 @@ __all__ = [
     "divisors", "elementwise_consumer", "epilogue_block", "injective_anchor",
     "inline_injective", "is_reduction", "iter_types", "largest_divisor", "loop_extent",
     "output_names", "pad_iteration", "padding_producer", "parallel_copy", "reads_elementwise",
-    "reduction_loops",
+    "reduction_loops", "shared_exp",
     "root_blocks", "static_extent", "static_extents", "tile_epilogue_parallel", "vector_registers",
     "vars_in", "vector_width_options", "vectorize_tail",
 ]
@@ -246,12 +247,14 @@ def accumulator_budget(lanes: int, vecs: int) -> int:
 # ---------------------------------------------------------------- inlining
 
 
-def inline_injective(sch: Schedule) -> None:
+def inline_injective(sch: Schedule, keep: Callable[[Schedule, Any], bool] | None = None
+                     ) -> None:
     """compute_inline every spatial block that is not an output into its consumers
     (elementwise chains, broadcasts, reshapes, scalar constants), repeating until
     nothing changes (inlining one block can make its producer inlinable). Padding read
     by a conv or pool stays a buffer: inlined, it puts a bounds check in the anchor's
-    innermost loop (the templates decide where it is produced)."""
+    innermost loop (the templates decide where it is produced); so does a block that
+    `keep` names (the template computes it once for its consumers)."""
     outputs = output_names(sch)
     changed = True
     while changed:
@@ -260,11 +263,28 @@ def inline_injective(sch: Schedule) -> None:
             name = block_name(sch, block)
             if is_reduction(sch, block) or name in outputs or _padding_of_anchor(sch, block):
                 continue
+            if keep is not None and keep(sch, block):
+                continue
             try:
                 sch.compute_inline(block)
                 changed = True
             except ScheduleError:  # not inlinable (e.g. a non-affine store): stays
                 pass
+
+
+# the blocks of common.exp_of: fast_exp for float32, exp otherwise
+EXP_BLOCKS = ("T_fast_exp", "exp")
+
+
+def shared_exp(sch: Schedule, block) -> bool:
+    """An exp read by a reduction and another block (softmax's, by the exp-sum and the
+    normalize): inlined, it is computed once per reader. The CPU's row-reduction
+    template keeps it as a row buffer in L1 (`inline_injective(keep=shared_exp)`),
+    cheaper there than a second exp per element."""
+    if block_name(sch, block) not in EXP_BLOCKS:
+        return False
+    consumers = sch.get_consumers(block)
+    return len(consumers) > 1 and any(is_reduction(sch, c) for c in consumers)
 
 
 def _padding_of_anchor(sch: Schedule, block) -> bool:

@@ -37,10 +37,11 @@ from tecc.schedules.blocks import (
     largest_divisor,
     loop_extent,
     root_blocks,
+    shared_exp,
 )
 from tecc.schedules.space import Config, ConfigSpace
 from tecc.schedules.template import INJECTIVE_KIND, ScheduleContext, Template, templates_for
-from tvm.s_tir.schedule import Schedule
+from tvm.s_tir.schedule import Schedule, ScheduleError
 
 from tecc.target import TargetInfo, target_info
 
@@ -85,7 +86,7 @@ def default_schedule(sch: Schedule, target: tvm.target.Target,
 
         return gpu_schedule(sch, info.tvm_target, choose, workloads, applied)
     templates = templates_for(info.kind)
-    inline_injective(sch)
+    inline_injective(sch, keep=shared_exp)
     group = injective_anchor(sch)
     if group is not None and INJECTIVE_KIND in templates:
         name = block_name(sch, group)
@@ -93,12 +94,15 @@ def default_schedule(sch: Schedule, target: tvm.target.Target,
                                     info, choose, (workloads or {}).get(name), applied)
         if scheduled is not sch:
             return scheduled
-    for block in root_blocks(sch):
+    for name in [block_name(sch, b) for b in root_blocks(sch)]:
+        try:
+            block = sch.get_sblock(name)
+        except (ScheduleError, ValueError):  # inlined by an earlier group's template
+            continue
         kind = anchor_kind(sch, block)
         template = None if kind is None else templates.get(kind)
         if template is None:
             continue
-        name = block_name(sch, block)
         sch = _apply_template(sch, name, kind, template, info, choose,
                               (workloads or {}).get(name), applied)
     if info.kind != "llvm":

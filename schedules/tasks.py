@@ -44,7 +44,7 @@ from tecc.graph_opt.layout import (
     pack_winograd_weight,
     to_nchwc,
 )
-from tecc.schedules.blocks import anchor_kind, inline_injective
+from tecc.schedules.blocks import anchor_kind, inline_injective, shared_exp
 from tecc.schedules.lower import anchor_workloads, build_te, lower_primitive
 from tecc.schedules.space import Config, ConfigSpace
 from tecc.schedules.template import INJECTIVE_KIND, ScheduleContext, Template, templates_for
@@ -98,7 +98,8 @@ class Task:
         placeholders, outputs = build_te(func, target, anchors)
         sch = Schedule(tvm.IRModule({"main": te.create_prim_func(placeholders + outputs)}))
         workloads = anchor_workloads(sch, anchors, func, target.kind.name)
-        inline_injective(sch)
+        # as schedules/default.py does for the CPU
+        inline_injective(sch, keep=shared_exp if target.kind.name == "llvm" else None)
         for name, wl in workloads.items():
             block = sch.get_sblock(name)
             kind = anchor_kind(sch, block) or INJECTIVE_KIND

@@ -157,3 +157,23 @@ def test_nan_semantics_keep_integer_max_plain():
     got = tecc.compile(IntMax(), (a, b))(a, b)
     for g, e in zip(got, IntMax()(a, b), strict=True):
         assert np.array_equal(g.numpy(), e.numpy())
+
+
+class SafeSoftmax(torch.nn.Module):
+    """What SDPA decomposes to under torch.export."""
+
+    def forward(self, x):
+        return torch.ops.aten._safe_softmax.default(x, -1)
+
+
+@pytest.mark.parametrize("keys", [40, 1500])  # a row kept in a stack buffer, and not
+def test_safe_softmax_gives_zero_for_a_fully_masked_row_and_nan_for_nan(keys):
+    x = torch.randn(5, keys, generator=torch.Generator().manual_seed(4)) * 4
+    x[0] = -INF  # fully masked: 0, not NaN
+    x[1, 3] = NAN  # NaN for the whole row
+    x[2, ::2] = -INF  # half masked
+    x[3] = torch.finfo(torch.float32).min  # a finite mask value: uniform, as in eager
+    expected = SafeSoftmax()(x)
+    assert (expected[0] == 0).all() and expected[1].isnan().all()
+    got = tecc.compile(SafeSoftmax(), (x,))(x)
+    torch.testing.assert_close(got, expected, equal_nan=True, rtol=1e-5, atol=1e-7)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from collections.abc import Callable
 
 import numpy as np
@@ -315,3 +316,40 @@ def test_fallback_schedules_are_parallel_and_vectorized():
     assert "T.parallel" in text and "T.vectorized" in text
     # one anchor per group: the rf blocks do not inherit the annotation
     assert text.count(ANCHOR_ATTR) == 1
+
+
+def _lowered_buffers(mod: tvm.IRModule) -> dict[str, tuple[int, ...]]:
+    """The buffers of a scheduled module after TVM places and compacts them."""
+    from tvm.s_tir import transform as passes
+
+    for lower in (passes.LowerInitBlock(), passes.PlanAndUpdateBufferAllocationLocation(),
+                  passes.ConvertBlocksToOpaque(), passes.CompactBufferAllocation()):
+        mod = lower(mod)
+    found = re.findall(r"(\w+) = T\.(?:sblock_)?alloc_buffer\(\(([^)]*)\)", mod.script())
+    return {name: tuple(int(d) for d in dims.replace(" ", "").split(",") if d)
+            for name, dims in found}
+
+
+@pytest.mark.parametrize("keys, kept", [(128, True), (197, True), (1500, False)])
+def test_softmax_computes_its_exp_once_where_a_row_fits_a_stack_buffer(keys, kept):
+    """The exp that the exp-sum and the normalize both read is a one-row buffer where
+    the row is under 1 KB; a longer row would take a workspace allocation per row, and
+    the exp stays inlined into both."""
+    shape = (12, keys)
+    mod = _module("nn.softmax", [shape], {"axis": -1}, shape)
+    sch = Schedule(mod)
+    block, kind = _anchor(sch)
+    ctx = ScheduleContext.create(sch, block, TARGET)
+    template = get_template(kind)
+    config = template.fallback(template.define_space(ctx), ctx)
+    assert config["k_split"][0] == 1, config
+    template.apply(ctx, config)
+    buffers = _lowered_buffers(sch.mod)
+    assert (buffers.get("T_fast_exp") == (1, keys)) is kept, buffers
+    if not kept:
+        assert "T_fast_exp" not in buffers
+    inputs = _inputs([shape], (-4, 4))
+    got = _run(sch.mod, inputs, shape)
+    if got is not None:
+        want = torch.softmax(torch.from_numpy(inputs[0]), -1).numpy()
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)

@@ -681,7 +681,10 @@ def _softmax_compute(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.
     (x,) = args
     axis = normalize_axis(attrs["axis"], x.ndim)
     _, es, red, e = _softmax_parts(x, axis, "softmax")
-    return te.compute(x.shape, lambda *i: e[i] / es[red(i)], name="softmax")
+    one = const(1, x.dtype)
+    # times the row's reciprocal (hoisted out of the row loop): a vector divide costs
+    # several multiplies; within an ulp of the quotient
+    return te.compute(x.shape, lambda *i: e[i] * (one / es[red(i)]), name="softmax")
 
 
 def _log_softmax_compute(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
@@ -694,23 +697,19 @@ def _log_softmax_compute(args: list[te.Tensor], attrs: Attrs, out_type: Type) ->
 
 def _safe_softmax_compute(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
     """torch's _safe_softmax (attention with a mask): softmax, but 0 for a row that is
-    -inf everywhere. Whether a row holds anything but -inf is a third reduction over
-    the row, not a test of its maximum: the max reduction starts at the lowest finite
-    float (a row of -inf and of -FLT_MAX alike give it) and ignores NaN on CUDA."""
+    -inf everywhere. That row, and only it, has an exp-sum of 0: the max reduction
+    starts at the lowest finite float, so a row holding any number (or only -FLT_MAX)
+    has an element at the max, whose exp is 1, while exp(-inf - max) is exactly 0
+    (fast_exp too); a NaN makes the sum NaN, which is not 0, and the result NaN as in
+    eager. No third pass over the row."""
     (x,) = args
     axis = normalize_axis(attrs["axis"], x.ndim)
     _, es, red, e = _softmax_parts(x, axis, "softmax")
-    k = te.reduce_axis((0, te_shape(x)[axis]), name="k3")
     one, zero = const(1, x.dtype), const(0, x.dtype)
-    kept = te.compute(
-        es.shape,
-        lambda *i: te.max(tvm.tirx.Select(x[tuple(i[:axis]) + (k,) + tuple(i[axis:])]
-                                          == const(-np.inf, x.dtype), zero, one), axis=k),
-        name="softmax_kept")
     # if_then_else, not Select: its condition stays one per row when the store is
     # vectorized (a vector of bools does not compile for CUDA)
     return te.compute(x.shape, lambda *i: tvm.tirx.if_then_else(
-        kept[red(i)] > zero, e[i] / es[red(i)], zero), name="safe_softmax")
+        es[red(i)] == zero, zero, e[i] * (one / es[red(i)])), name="safe_softmax")
 
 
 def _safe_softmax_evaluate(args: list[np.ndarray], attrs: Attrs, out_type: Type) -> np.ndarray:

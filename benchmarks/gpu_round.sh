@@ -5,7 +5,10 @@
 # template's tiles, `reduce` the row-reduction templates against dlight and torch,
 # `efficiency ARGS` benchmarks/tuner_efficiency.py --target cuda, `tune RECORDS
 # MODEL:TRIALS...` tunes each model for cuda into RECORDS (a copy goes to $OUT after
-# each). Logs and results go to $OUT when it is set.
+# each). Logs and results go to $OUT when it is set. `bench` merges its rows into the
+# checkout's results/e2e_gpu.json (and a copy left in $OUT by the same call): copy a
+# call's e2e_gpu.json and records from $OUT into the checkout before the next call
+# sends it, or the next bench writes its table over the older rows.
 set -o pipefail
 OUT=${OUT:-/tmp/tecc-gpu-round}
 mkdir -p "$OUT"

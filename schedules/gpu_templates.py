@@ -11,10 +11,9 @@ GEMM, are scheduled by one of these rules (a knob):
   across the threads of a block).
 
 The fallback config picks the largest block tile that still gives about two blocks
-per multiprocessor (else one) without padding the matrix by more than a third, or
-where even 64 x 64 tiles are too few and k is long, 64 x 64 with k split into slices
-(split_k_tile); a
-small grid of small tiles over a long k loop (ResNet-18's late convs at
+per multiprocessor (else one) without padding the matrix by more than a third; k is
+split into slices (split_k_tile) where even 64 x 64 tiles are too few for that, or
+where a larger tile's slices stay long; a small grid of small tiles over a long k loop (ResNet-18's late convs at
 batch 1) gets longer, double-buffered k steps. Measured on the H200 (fp32, TF32 off,
 benchmarks/gpu_gemm_configs.py): the fallback does 26.2 TFLOP/s on 1024^3 (cuBLAS
 37.6; the best simt config 28.5), 38.2 on 4096^3 (51.4; best 40.8) and 6.7 on
@@ -117,15 +116,23 @@ def padding_of(tile: tuple[int, ...], m: int, n: int) -> float:
     return (-(-m // tm) * tm * -(-n // tn) * tn) / (m * n)
 
 
+def padded_grids(batch: int, m: int, n: int, min_area: int = 0
+                 ) -> list[tuple[tuple[int, ...], int, int]]:
+    """(tile, block tile area, blocks) of each tile of TILES (largest first) of at
+    least `min_area` that pads the matrix by at most MAX_PADDING."""
+    grids = []
+    for tile in TILES:
+        tm, tn = tile_shape(tile)
+        if tm * tn >= min_area and padding_of(tile, m, n) <= MAX_PADDING:
+            grids.append((tile, tm * tn, grid_blocks(tile, batch, m, n)))
+    return grids
+
+
 def fallback_tile(batch: int, m: int, n: int, sms: int) -> tuple[int, ...]:
     """The first tile of TILES (largest first) that pads the matrix by at most
     MAX_PADDING and passes WAVES[0], else WAVES[1], else the 16 x 16 tile of 64
     threads."""
-    grids = []
-    for tile in TILES:
-        tm, tn = tile_shape(tile)
-        if padding_of(tile, m, n) <= MAX_PADDING:
-            grids.append((tile, tm * tn, grid_blocks(tile, batch, m, n)))
+    grids = padded_grids(batch, m, n)
     for waves, min_area in WAVES:
         for tile, area, blocks in grids:
             if area >= min_area and blocks >= waves * sms:
@@ -156,17 +163,8 @@ def split_k_tile(batch: int, m: int, n: int, k: int, sms: int
       halves, 26.5 against 28.7)."""
     waves, large_area = WAVES[0]
     target = waves * sms
-
-    def tiles(min_area: int) -> list[tuple[tuple[int, ...], int, int]]:
-        found = []
-        for tile in TILES:
-            tm, tn = tile_shape(tile)
-            if tm * tn >= min_area and padding_of(tile, m, n) <= MAX_PADDING:
-                found.append((tile, tm * tn, grid_blocks(tile, batch, m, n)))
-        return found
-
     splits = [s for s in SPLIT_K[1:] if k % (16 * s) == 0 and k // s >= MIN_SLICE]
-    large = tiles(large_area)
+    large = padded_grids(batch, m, n, large_area)
     whole = [area for _, area, blocks in large if blocks >= target]
     if whole:
         for tile, area, blocks in large:
@@ -176,9 +174,9 @@ def split_k_tile(batch: int, m: int, n: int, k: int, sms: int
                 if k // split_k >= LONG_SLICE and blocks * split_k >= target:
                     return tile, split_k
         return None
-    for min_area in (large_area, SMALL_SPLIT_AREA):
+    for grids in (large, padded_grids(batch, m, n, SMALL_SPLIT_AREA)):
         for split_k in splits:
-            for tile, _, blocks in tiles(min_area):
+            for tile, _, blocks in grids:
                 if blocks * split_k >= target:
                     return tile, split_k
     return None

@@ -238,17 +238,23 @@ def _kept_blocks(sch: Schedule, info: _Rows) -> list:
             and block_name(sch, b) != block_name(sch, info.out)]
 
 
-def _vectorize_row(sch: Schedule, block, depth: int, kv: int, ragged: bool) -> None:
-    """A kept block's loops below `depth` (a row's elements) fused, split by `kv` and
-    the lanes vectorized; over a ragged split the partial chunk partitioned off."""
-    inner = sch.get_loops(block)[depth:]
-    if not inner or kv <= 1:
+def _vectorize_lanes(sch: Schedule, loop, kv: int, ragged: bool) -> None:
+    """A row's element loop split by `kv`, the lanes vectorized; over a ragged split
+    the partial chunk partitioned off (TIR's LoopPartition)."""
+    if kv <= 1:
         return
-    lin = sch.fuse(*inner) if len(inner) > 1 else inner[0]
-    outer, lanes = sch.split(lin, [None, kv])
+    chunks, lanes = sch.split(loop, [None, kv])
     sch.vectorize(lanes)
     if ragged:
-        sch.annotate(outer, "pragma_loop_partition_hint", 1)
+        sch.annotate(chunks, "pragma_loop_partition_hint", 1)
+
+
+def _vectorize_row(sch: Schedule, block, depth: int, kv: int, ragged: bool) -> None:
+    """A kept block's loops below `depth` (a row's elements) fused and vectorized by
+    `kv` lanes (_vectorize_lanes)."""
+    inner = sch.get_loops(block)[depth:]
+    if inner:
+        _vectorize_lanes(sch, sch.fuse(*inner) if len(inner) > 1 else inner[0], kv, ragged)
 
 
 def ragged_widths(k: int, lanes: int) -> list[int]:
@@ -344,9 +350,8 @@ def _apply_row_mode(sch: Schedule, info: _Rows, config: Config) -> None:
     rfs = [_rfactor(sch, red, p, ko, kv) for red in info.reductions] if kv > 1 or p > 1 else []
     # the output's row loop
     rows, lin = row_loops(sch, info)
-    if lin is not None and kv > 1:
-        _, lv = sch.split(lin, [None, kv])
-        sch.vectorize(lv)
+    if lin is not None:
+        _vectorize_lanes(sch, lin, kv, False)
     row = None
     if rows:
         row = sch.fuse(*rows) if len(rows) > 1 else rows[0]
@@ -383,10 +388,8 @@ def _apply_ragged_rows(sch: Schedule, info: _Rows, ko: int, kv: int, par: bool) 
     n_rows = len(rows) if info.rows > 1 else 0  # a scalar's unit loop is no row loop
     for block in _kept_blocks(sch, info):
         _vectorize_row(sch, block, n_rows, kv, True)
-    tail = None
-    if lin is not None and kv > 1:
-        tail, lv = sch.split(lin, [None, kv])
-        sch.vectorize(lv)
+    if lin is not None:
+        _vectorize_lanes(sch, lin, kv, True)
     if n_rows:
         row_of = []
         for block in root_blocks(sch):
@@ -397,8 +400,6 @@ def _apply_ragged_rows(sch: Schedule, info: _Rows, ko: int, kv: int, par: bool) 
         row = sch.merge(*row_of) if len(row_of) > 1 else row_of[0]
         if par:
             sch.parallel(row)
-    if tail is not None:
-        sch.annotate(tail, "pragma_loop_partition_hint", 1)
     # The rf inits stay in their blocks (a test of ko == 0 per chunk, not per lane):
     # after a merge, TVM 0.27 takes the second rf block of the loop for no reduction
     # block and refuses to decompose it.

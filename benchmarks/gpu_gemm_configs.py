@@ -108,9 +108,9 @@ def ranked_configs(workload: dict[str, Any], count: int) -> list[dict[str, Any]]
             continue
         config = {"rule": "simt", "tile": tile_name(tile), "micro_k": micro_k, "vector": 4,
                   "unroll": 256, "pipeline": pipeline, "split_k": split_k}
-        if kernel_features(workload, config, info)["shared_bytes"] > limit:
-            continue
         f = kernel_features(workload, config, info)
+        if f["shared_bytes"] > limit:
+            continue
         _, _, vm, vn, mm, mn = tile
         bm, bn = f["block_m"], f["block_n"]
         resident = min(f["blocks_per_sm"], -(-f["blocks"] // sms))

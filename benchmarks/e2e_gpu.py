@@ -133,10 +133,22 @@ def run_model(name: str, batch: int, competitors: list[str], records: str | None
                             f"{config.get('tile', '')} {task['workload_key'][:90]}")
     top = [[k, round(sec * 1e3, 4), used.get(k, "")] for k, sec in per_kernel[:10]]
     print(f"slowest kernels (ms): {top}", flush=True)
+    # each kernel summed over its calls (one model layer's kernel runs once per layer)
+    totals: dict[str, list[float]] = {}
+    for kernel, sec in per_kernel:
+        total = totals.setdefault(kernel, [0.0, 0])
+        total[0] += sec * 1e3
+        total[1] += 1
+    by_kernel = [[k, round(ms, 4), calls, used.get(k, "")]
+                 for k, (ms, calls) in sorted(totals.items(), key=lambda kv: -kv[1][0])]
+    print("time by kernel (ms, calls):", flush=True)
+    for kernel, ms, calls, what in by_kernel[:16]:
+        print(f"  {ms:8.3f} {calls:4d}  {kernel}  {what}", flush=True)
     return {"model": name, "batch": batch, "ms": times, "compile_s": compile_s,
             "kernel_calls": len(cm.plan["kernels"]), "max_rel_err": error,
             "tuned_sources": tuned_from,
-            "device": torch.cuda.get_device_name(), "slowest_kernels_ms": top}
+            "device": torch.cuda.get_device_name(), "slowest_kernels_ms": top,
+            "kernel_totals_ms": by_kernel[:16]}
 
 
 

@@ -10,6 +10,7 @@ from tecc.frontend.ir import Function
 
 # Importing the pass modules registers the passes.
 from tecc.graph_opt import (  # noqa: F401
+    combine_dense,
     cse,
     dense_pack,
     fold_batch_norm,
@@ -21,7 +22,8 @@ from tecc.graph_opt import (  # noqa: F401
 from tecc.graph_opt.pass_manager import Pass, get_pass, run_passes
 
 OPTIMIZATION_PASSES = ("simplify", "fold_batch_norm", "fold_constants", "simplify",
-                       "eliminate_common_subexpr", "eliminate_dead_code",
+                       "eliminate_common_subexpr", "combine_parallel_dense",
+                       "eliminate_dead_code",
                        "convert_layout_nchwc", "pack_dense_weights")
 
 
@@ -30,7 +32,8 @@ def optimization_pipeline() -> list[Pass]:
     dense, drops no-ops) so the patterns after it see one form; batch norms fold into
     convs before constant folding so that the new weights are final; constant folding
     exposes new identities (a folded reshape/transpose chain), hence a second
-    simplify; CSE then sees the simplest graph, and DCE drops what merging left
+    simplify; CSE then sees the simplest graph (two denses of the same weight are one
+    before parallel denses are combined), and DCE drops what merging left
     unreachable. The CPU layout pass and the dense weight packing come last, on the
     final weights, right before fusion."""
     return [get_pass(n) for n in OPTIMIZATION_PASSES]

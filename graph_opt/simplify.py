@@ -39,17 +39,37 @@ class _Linear:
 
     def __init__(self) -> None:
         self.transposed: dict[int, Constant] = {}
+        self.sliced: dict[int, Constant] = {}
 
     def weight_t(self, w: Constant) -> Constant:
         if id(w) not in self.transposed:
             self.transposed[id(w)] = Constant(np.ascontiguousarray(w.data.T))
         return self.transposed[id(w)]
 
-    def matmul_to_dense(self, node: Call, a: Expr, w: Expr) -> Expr | None:
-        """nn.matmul(x, W) with W a 2-D constant is x @ W == dense(x, W.T): the same
-        product, as the op whose schedule takes a constant (N, K) weight."""
-        if not isinstance(w, Constant) or len(w.shape) != 2 or node.attrs["transpose_a"]:
+    def one_batch_slice(self, w: Constant, node: Call, a: Expr) -> Constant | None:
+        """The 2-D weight of a batched constant whose batch slices are all equal:
+        torch exports a linear layer on a non-contiguous 3-d input as bmm with the
+        weight expanded over the batch, which would store and read B copies of it."""
+        k_n = w.shape[-2:]
+        if node.shape != a.shape[:-1] + (k_n[0] if node.attrs["transpose_b"] else k_n[1],):
             return None
+        flat = w.data.reshape((-1,) + k_n)
+        if not (flat == flat[:1]).all():
+            return None
+        if id(w) not in self.sliced:
+            self.sliced[id(w)] = Constant(np.ascontiguousarray(flat[0]))
+        return self.sliced[id(w)]
+
+    def matmul_to_dense(self, node: Call, a: Expr, w: Expr) -> Expr | None:
+        """nn.matmul(x, W) with W a 2-D constant (or a batched one of equal slices) is
+        x @ W == dense(x, W.T): the same product, as the op whose schedule takes a
+        constant (N, K) weight."""
+        if not isinstance(w, Constant) or len(w.shape) < 2 or node.attrs["transpose_a"]:
+            return None
+        if len(w.shape) > 2:
+            w = self.one_batch_slice(w, node, a)
+            if w is None:
+                return None
         if node.attrs["transpose_b"]:  # already (N, K)
             return Call("nn.dense", (a, w), span=node.span)
         return Call("nn.dense", (a, self.weight_t(w)), span=node.span)
@@ -87,21 +107,30 @@ def _drop_kept_dims(node: Call, x: Expr, x_uses: int) -> Expr | None:
 
 
 def _dense_on_nd(node: Call, x: Expr, x_uses: int) -> Expr | None:
-    """reshape([bias_add](dense(reshape(y, (M, K)), W)), y.shape[:-1] + (N,)) is
-    dense on y itself (dense takes N-d input): the epilogue after it can then fuse."""
+    """reshape([bias_add](dense(x2, W)), lead + (N,)) with prod(lead) == M is dense on
+    x2 reshaped to lead + (K,) (dense takes N-d input, as torch's linear does): the
+    epilogue after it (a residual add) can then fuse. A reshape feeding x2 merges
+    into the new one, so no copy appears."""
     if x_uses != 1:
         return None
     bias = None
     dense = x
     if is_op(x, "nn.bias_add"):
         dense, bias = x.args  # type: ignore[union-attr]
-    if not is_op(dense, "nn.dense") or not is_op(dense.args[0], "reshape"):  # type: ignore[union-attr]
+    if not is_op(dense, "nn.dense"):
         return None
-    y = dense.args[0].args[0]  # type: ignore[union-attr]
-    n = dense.shape[-1]
-    if len(y.shape) < 2 or node.shape != y.shape[:-1] + (n,):
+    assert isinstance(dense, Call)
+    x2, n = dense.args[0], dense.shape[-1]
+    lead = node.shape[:-1]
+    if len(x2.shape) != 2 or not lead or node.shape[-1] != n:
         return None
-    out: Expr = Call("nn.dense", (y, dense.args[1]), span=dense.span)  # type: ignore[union-attr]
+    if int(np.prod(lead)) != x2.shape[0]:
+        return None
+    source = x2.args[0] if is_op(x2, "reshape") else x2  # type: ignore[union-attr]
+    shape = lead + (x2.shape[1],)
+    data = source if source.shape == shape else Call("reshape", (source,),
+                                                       {"newshape": shape}, span=x2.span)
+    out: Expr = Call("nn.dense", (data, dense.args[1]), span=dense.span)
     if bias is not None:
         out = Call("nn.bias_add", (out, bias), {"axis": -1}, span=x.span)
     return out

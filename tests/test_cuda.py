@@ -75,6 +75,9 @@ def test_model_builds_for_cuda_and_matches_torch(name, tmp_path):
     compiled = tecc.compile(model, inputs, target=f"cuda:{ARCH}")
     archs = _archs(tmp_path, compiled)
     assert ("elf", int(ARCH[3:])) in archs, archs
+    if name == "bert":  # each layer's query, key and value projections are one dense
+        denses = [k["name"] for k in compiled.plan["kernels"] if "dense" in k["name"]]
+        assert len(denses) == 2 * 4 + 1, denses
     if not GPU:
         return
     with torch.no_grad():

@@ -26,6 +26,7 @@ from tecc.graph_opt.evaluate import EVALUATORS, evaluate_call
 from tecc.graph_opt.fuse_ops import primitive_per_op
 from tecc.graph_opt.pass_manager import PassContext, PassTrace, check_types, run_passes
 from tecc.graph_opt.passes import (
+    combine_parallel_dense,
     eliminate_common_subexpr,
     eliminate_dead_code,
     fold_batch_norm,
@@ -212,6 +213,24 @@ def test_simplify_matmul_const_alone_and_batched():
     assert op_counts(out) == {"nn.dense": 2}
     assert out.body.fields[1].args[1] is wt  # already (N, K): used as is
     assert_same_outputs(f, out)
+
+
+def test_simplify_a_weight_expanded_over_the_batch_is_one_dense():
+    # torch exports linear on a non-contiguous 3-d input as bmm with the weight
+    # expanded over the batch: one (K, N) weight, not B copies
+    x = var("x", (3, 5, 4))
+    w = rand((4, 6), 64)
+    f = Function([x], call("nn.matmul", x, const(np.broadcast_to(w, (3, 4, 6)).copy())))
+    out = simplify(f)
+    assert op_counts(out) == {"nn.dense": 1} and out.body.args[1].shape == (6, 4)
+    assert_same_outputs(f, out)
+    # slices that differ, or a batch the input does not have: a real batched product
+    different = np.stack([w, w, w + 1])
+    g = Function([x], call("nn.matmul", x, const(different)))
+    assert op_counts(simplify(g)) == {"nn.matmul": 1}
+    y = var("y", (5, 4))
+    h = Function([y], call("nn.matmul", y, const(np.broadcast_to(w, (3, 4, 6)).copy())))
+    assert op_counts(simplify(h)) == {"nn.matmul": 1}
 
 
 def test_simplify_shares_the_transposed_weight():
@@ -468,8 +487,8 @@ def test_dce_forwards_tuple_items_and_keeps_outputs():
 def test_pipeline_order_and_levels(capsys):
     names = [p.name for p in optimization_pipeline()]
     assert names == ["simplify", "fold_batch_norm", "fold_constants", "simplify",
-                     "eliminate_common_subexpr", "eliminate_dead_code", "convert_layout_nchwc",
-                     "pack_dense_weights"]
+                     "eliminate_common_subexpr", "combine_parallel_dense", "eliminate_dead_code",
+                     "convert_layout_nchwc", "pack_dense_weights"]
     x = var("x", (2, 3))
     f = Function([x], call("reshape", call("copy", call("add", x, call("negative", const(
         rand((3,), 50))))), newshape=(2, 3)))
@@ -569,7 +588,8 @@ def test_bert_encoder():
     assert n_calls(after) < n_calls(before)
     assert counts["transpose"] < op_counts(before)["transpose"]
     assert counts["reshape"] < op_counts(before)["reshape"]
-    # every linear layer (weights packed), the attention products stay matmul
+    # every linear layer (weights packed), the attention products stay matmul (the
+    # projections stay apart on the CPU: combine_parallel_dense is for GPUs)
     assert counts["nn.dense_pack"] == 13
 
 
@@ -581,6 +601,77 @@ def test_fold_constants_keeps_zero_dim_types():
     out = fold_constants(f)
     assert out.ty == f.ty
     assert "sum" not in op_counts(out) and "max" not in op_counts(out)
+    assert_same_outputs(f, out)
+
+
+def test_simplify_linear_on_a_flattened_input_keeps_the_leading_dims():
+    # torch's linear on 3-d input exports as reshape -> addmm -> reshape: the dense
+    # takes the 3-d input itself, so the residual add after it is its epilogue
+    x = var("x", (2, 3, 4, 5))
+    r = var("r", (2, 4, 6))
+    flat = call("reshape", call("transpose", x, axes=(0, 2, 1, 3)), newshape=(8, 15))
+    dense = call("nn.bias_add", call("nn.dense", flat, const(rand((6, 15), 62))),
+                 const(rand((6,), 63)), axis=-1)
+    f = Function([x, r], call("add", call("reshape", dense, newshape=(2, 4, 6)), r))
+    out = simplify(f)
+    assert op_counts(out) == {"transpose": 1, "reshape": 1, "nn.dense": 1, "nn.bias_add": 1,
+                              "add": 1}
+    d = next(n for n in post_order(out.body) if isinstance(n, Call) and n.op == "nn.dense")
+    assert d.args[0].shape == (2, 4, 15) and d.args[0].args[0].op == "transpose"
+    assert_same_outputs(f, out)
+    # leading dims that do not multiply to the rows, or another last dim: kept
+    g = Function([x], call("reshape", dense, newshape=(4, 12)))
+    assert op_counts(simplify(g))["reshape"] == 2
+
+
+def _projections(x: Expr, widths: tuple[int, ...], biases: tuple[bool, ...], seed: int):
+    outs = []
+    for i, (n, has_bias) in enumerate(zip(widths, biases, strict=True)):
+        y = call("nn.dense", x, const(rand((n, x.shape[-1]), seed + 2 * i)))
+        if has_bias:
+            y = call("nn.bias_add", y, const(rand((n,), seed + 2 * i + 1)), axis=-1)
+        outs.append(y)
+    return outs
+
+
+def test_combine_parallel_dense_makes_one_dense_of_the_projections():
+    x = var("x", (2, 5, 8))
+    q, k, v = _projections(call("relu", x), (8, 8, 4), (True, False, True), 70)
+    f = Function([x], Tuple([call("tanh", q),
+                             call("multiply", k, call("sum", v, axis=(-1,), keepdims=True)),
+                             v]))
+    assert combine_parallel_dense(f) is f  # no target, or a CPU one: nothing to gain
+    with PassContext(target="llvm"):
+        assert combine_parallel_dense(f) is f
+    with PassContext(target="cuda"):
+        out = combine_parallel_dense(f)
+    counts = op_counts(out)
+    assert counts["nn.dense"] == 1 and counts["nn.bias_add"] == 1
+    assert counts["strided_slice"] == 3
+    d = next(n for n in post_order(out.body) if isinstance(n, Call) and n.op == "nn.dense")
+    assert d.args[1].shape == (20, 8)
+    assert_same_outputs(f, out)
+    # other inputs, weights of another width or dtype, computed weights: apart
+    y = var("y", (2, 5, 8))
+    w = var("w", (8, 8))
+    apart = Function([x, y, w], Tuple([*_projections(x, (8,), (True,), 80),
+                                       *_projections(y, (8,), (True,), 82),
+                                       call("nn.dense", x, w)]))
+    with PassContext(target="cuda"):
+        assert combine_parallel_dense(apart) is apart
+
+
+def test_combine_parallel_dense_keeps_a_dense_with_other_users_whole():
+    # the dense is read by its bias_add and by another op: the slice stands for the
+    # dense itself, and the bias stays on its own
+    x = var("x", (4, 6))
+    a = call("nn.dense", x, const(rand((3, 6), 90)))
+    a_bias = call("nn.bias_add", a, const(rand((3,), 91)), axis=-1)
+    (b,) = _projections(x, (5,), (True,), 92)
+    f = Function([x], Tuple([a_bias, call("negative", a), b]))
+    with PassContext(target="cuda"):
+        out = combine_parallel_dense(f)
+    assert op_counts(out)["nn.dense"] == 1 and op_counts(out)["nn.bias_add"] == 2
     assert_same_outputs(f, out)
 
 

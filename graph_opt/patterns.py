@@ -38,3 +38,11 @@ def use_counts(func: Function) -> Counter[int]:
 
 def const_array(expr: Expr) -> np.ndarray | None:
     return expr.data if isinstance(expr, Constant) else None
+
+
+def is_reshape_only(prim: Function) -> bool:
+    """A primitive function that only reshapes its one param: a view of its input's
+    bytes, never a kernel (the build aliases it; it is no tuning task)."""
+    body = prim.body
+    return (isinstance(body, Call) and body.op == "reshape" and len(prim.params) == 1
+            and body.args[0] is prim.params[0])

@@ -44,6 +44,7 @@ from tecc.graph_opt.layout import (
     pack_winograd_weight,
     to_nchwc,
 )
+from tecc.graph_opt.patterns import is_reshape_only
 from tecc.schedules.blocks import anchor_kind, inline_injective, shared_exp
 from tecc.schedules.lower import anchor_workloads, build_te, lower_primitive
 from tecc.schedules.space import Config, ConfigSpace
@@ -301,6 +302,8 @@ def extract_tasks(func: Function, target: Any) -> list[Task]:
         if id(prim) in seen:
             continue
         seen.add(id(prim))
+        if is_reshape_only(prim):  # a view, no kernel
+            continue
         for call, kind, template in anchors_of(prim, tgt):
             wl = template.workload(call, kind)
             key = workload_json(wl)

@@ -130,10 +130,10 @@ def _define_blocks(space: ConfigSpace, d: dict[str, int], lanes: int) -> None:
     oc_opts = block_options(d["opg"], lanes)
     if not oc_opts:
         raise ValueError(f"{d['opg']} output channels per group have no vector block")
-    # Few input channels (RGB) and no vector block: all of them, or one, which reads
-    # NCHW data in place (no layout_transform of the model's input).
+    # Few input channels (RGB) and no vector block: one, which reads NCHW data in
+    # place (no layout_transform of the model's input; the fallback), or all of them.
     space.define_choice("ic_bn", block_options(d["ipg"], lanes)
-                        or sorted({in_block(d["ipg"], lanes), 1}))
+                        or sorted({in_block(d["ipg"], lanes), d["ipg"], 1}))
     space.define_choice("oc_bn", oc_opts)
 
 

@@ -29,6 +29,7 @@ from tecc.frontend.ir import (
 from tecc.frontend.ops import Pattern, get_op
 from tecc.graph_opt.fuse_ops import is_primitive_call
 from tecc.graph_opt.memory_plan import MemoryPlan, Step, plan_memory
+from tecc.graph_opt.patterns import is_reshape_only
 from tecc.schedules.lower import lower_primitive
 from tecc.target import TargetInfo, resolve_target
 
@@ -72,12 +73,6 @@ def anchor_of(func: Function) -> str:
 def _kernel_name(index: int, ops: list[str], anchor: str) -> str:
     rest = [o for o in dict.fromkeys(ops) if o != anchor][:3]
     return f"k{index}_" + "_".join(w.replace("nn.", "") for w in [anchor, *rest])
-
-
-def _is_reshape_only(prim: Function) -> bool:
-    body = prim.body
-    return (isinstance(body, Call) and body.op == "reshape" and len(prim.params) == 1
-            and body.args[0] is prim.params[0])
 
 
 def _inplace_params(prim: Function) -> list[int]:
@@ -157,7 +152,7 @@ def build(
             outs = [new_tensor(t.shape, t.dtype, "intermediate") for t in out_types]
             args = [tensor_of[id(a)] for a in node.args]
             tensor_of[id(node)] = outs if isinstance(node.ty, TupleType) else outs[0]
-            if _is_reshape_only(prim):
+            if is_reshape_only(prim):
                 # A view of its input's bytes: no kernel at all.
                 if tensors[args[0]]["kind"] == "intermediate":
                     steps.append(Step(args, outs, alias={outs[0]: args[0]}))

@@ -455,7 +455,7 @@ def test_one_workload_after_producers_of_different_blocks(tmp_path):
     target = target_to_json(cm.target)
     stem, conv = sorted((t for t in cm.tasks() if t["template"] == "conv2d_NCHWc"),
                         key=lambda t: t["workload"]["data"][1])
-    lines = [(stem, {"ic_bn": 3, "oc_bn": 8}, 1e-3),        # the stem emits 8-blocks
+    lines = [(stem, {"ic_bn": 1, "oc_bn": 8}, 1e-3),        # the stem emits 8-blocks
              (conv, {"ic_bn": 8, "oc_bn": 16}, 2e-3),       # c1 reads them, emits 16
              (conv, {"ic_bn": 16, "oc_bn": 16}, 1e-3)]      # c2 reads 16-blocks
     # the layout transforms around the convs: their fallback configs, recorded
@@ -474,7 +474,7 @@ def test_one_workload_after_producers_of_different_blocks(tmp_path):
     blocks = sorted((a.config["ic_bn"], a.config["oc_bn"], a.source)
                     for k in tuned.build_result.kernels.values() for a in k.templates
                     if a.template == "conv2d_NCHWc")
-    assert blocks == [(3, 8, "exact"), (8, 16, "exact"), (16, 16, "exact")]
+    assert blocks == [(1, 8, "exact"), (8, 16, "exact"), (16, 16, "exact")]
     np.testing.assert_allclose(tuned(x).numpy(), model(x).detach().numpy(),
                                rtol=1e-4, atol=1e-4)
 

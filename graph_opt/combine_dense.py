@@ -3,8 +3,8 @@ become one dense over the concatenated weights, whose output is sliced back.
 
 Attention's query, key and value projections are three (M x K) x (K x N) products of
 one input; as one (M x K) x (K x 3N) product the GPU gets a grid three times larger
-(a batch-1 projection alone cannot fill the multiprocessors) and two kernels fewer,
-and the CPU reads the input once. A constant bias right after a dense joins too (a
+(a batch-1 projection alone cannot fill the multiprocessors) and two kernels fewer.
+A constant bias right after a dense joins too (a
 zero bias stands in for a branch without one). The slices are injective and fuse into
 their consumers, so no kernel is added.
 

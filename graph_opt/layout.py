@@ -156,10 +156,10 @@ def in_block(channels: int, lanes: int) -> int:
     of the model's input; else the largest divisor <= 2 lanes.
 
     The conv broadcasts one input value per FMA whatever the block, so blocking a few
-    channels buys no vector width; plane rows read along kw contiguously. Fallback
-    configs, 2 cores, 224x224 RGB stems: 7x7/2 to 64 channels 3.77 -> 2.99 ms
-    (AVX-512; AVX2 3.27 -> 2.92), 3x3/2 to 32 channels 1.02 -> 0.82 (AVX2 1.12 ->
-    0.90), against the block of all 3 channels ([N, 1, H, W, 3])."""
+    channels buys no vector width; plane rows read along kw contiguously. Against
+    the block of all 3 channels ([N, 1, H, W, 3]), fallback configs, 2 cores, 224x224
+    RGB stems (benchmarks/results/input_conv.md): 7x7/2 to 64 channels 1.23x faster
+    (AVX-512; AVX2 1.11x), 3x3/2 to 32 channels 1.32x (AVX2 1.20x)."""
     candidates = out_block_candidates(lanes)
     for b in candidates:
         if channels % b == 0:

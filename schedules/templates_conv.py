@@ -130,10 +130,12 @@ def _define_blocks(space: ConfigSpace, d: dict[str, int], lanes: int) -> None:
     oc_opts = block_options(d["opg"], lanes)
     if not oc_opts:
         raise ValueError(f"{d['opg']} output channels per group have no vector block")
-    # Few input channels (RGB) and no vector block: one, which reads NCHW data in
-    # place (no layout_transform of the model's input; the fallback), or all of them.
+    # No vector block: the layout pass's block, or one, which reads NCHW data in
+    # place (no layout_transform of the model's input); for the few channels of an
+    # RGB input one is the layout pass's block, and all of them the other choice.
+    block = in_block(d["ipg"], lanes)
     space.define_choice("ic_bn", block_options(d["ipg"], lanes)
-                        or sorted({in_block(d["ipg"], lanes), d["ipg"], 1}))
+                        or sorted({block if block > 1 else d["ipg"], 1}))
     space.define_choice("oc_bn", oc_opts)
 
 

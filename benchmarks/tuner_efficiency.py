@@ -214,7 +214,8 @@ def main() -> None:
         torch.set_num_threads(2)
     args.output = args.output or ("tuner_efficiency_cuda" if cuda else "tuner_efficiency")
     names = (args.only or ",".join(GPU_SELECTED if cuda else SELECTED)).split(",")
-    chosen = [w for w in (gpu_workloads() if cuda else workloads()) if w["name"] in names]
+    every = gpu_workloads() if cuda else workloads()
+    chosen = [w for w in every if w["name"] in names]
     marks = [c for c in CHECKPOINTS if c <= args.trials]
     store = CurveStore(args.curves or RESULTS / f"{args.output}_curves.json")
     if not args.report:
@@ -231,7 +232,8 @@ def main() -> None:
         args.output, "Tuner efficiency: best GFLOP/s against trials (mean over seeds)",
         ["workload", "tuner", "seeds"] + [f"@{m}" for m in marks]
         + ["torch", f"@{marks[-1]} / torch", "wall s", "xgb trials to random's best"],
-        table_rows(store, chosen, args.trials, args.seeds, marks),
+        # every workload with stored curves: a run of a few (--only) keeps the others' rows
+        table_rows(store, every, args.trials, args.seeds, marks),
         [f"{'Device' if cuda else 'Host'}: {device}; batches of 32 for tecc's tuners (one "
          "runner" + ("; CUDA: warm L2, 3 calls a timing, as MetaSchedule's runner and "
                      "the cuBLAS/cuDNN reference (torch, TF32 off) are timed"

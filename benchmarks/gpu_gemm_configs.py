@@ -59,6 +59,8 @@ WORKLOADS: dict[str, dict[str, Any]] = {
     "bert_dense_b16": _dense(2048, 768, 3072),
     "bert_ffn_up_b16": _dense(2048, 3072, 768),
     "bert_attn_out_b16": _dense(2048, 768, 768),
+    # the fused query / key / value projection (simplify's combine_dense)
+    "bert_qkv_b16": _dense(2048, 2304, 768),
     # the same at batch 1: grids of 24 to 96 blocks of 64 x 64 on 132 multiprocessors
     "bert_dense_b1": _dense(128, 768, 3072),
     "bert_ffn_up_b1": _dense(128, 3072, 768),
@@ -138,6 +140,24 @@ def ranked_configs(workload: dict[str, Any], count: int) -> list[dict[str, Any]]
     return ranked
 
 
+def tile_configs(workload: dict[str, Any], tiles: list[str]) -> list[dict[str, Any]]:
+    """Unsplit simt configs of each of `tiles` at k steps 8 to 32, unpipelined and
+    double-buffered (vector 4, unroll 256), within a block's shared memory."""
+    from tecc.schedules.gpu_templates import PIPELINES, kernel_features
+
+    from tecc.target import target_info
+
+    info = target_info(TARGET)
+    limit = info.max_shared_memory_per_block or 49152
+    configs = []
+    for tile, micro_k, pipeline in itertools.product(tiles, (8, 16, 32), PIPELINES):
+        config = {"rule": "simt", "tile": tile, "micro_k": micro_k, "vector": 4,
+                  "unroll": 256, "pipeline": pipeline, "split_k": 1}
+        if kernel_features(workload, config, info)["shared_bytes"] <= limit:
+            configs.append(config)
+    return configs
+
+
 def _build(job: tuple[str, dict | None, str]) -> tuple[str, str | None]:
     """Build one kernel into `path` (None: the template's fallback); the error if any."""
     import tvm
@@ -194,8 +214,12 @@ def _time_workload(name: str, paths: list[str], out: str) -> None:
             lib = tvm.runtime.load_module(path)
             seconds = float(np.median(lib.time_evaluator("k", dev, number=10, repeat=7)(
                 *args).results))
+            # as the tuner's runner times a candidate (autotune/tune.py, warm L2)
+            tuner_s = float(np.mean(lib.time_evaluator(
+                "k", dev, number=3, repeat=3, min_repeat_ms=20)(*args).results))
             err = float((got - want).abs().max() / want.abs().max())
-            f.write(json.dumps({"path": path, "seconds": seconds, "err": err}) + "\n")
+            f.write(json.dumps({"path": path, "seconds": seconds, "tuner_s": tuner_s,
+                                "err": err}) + "\n")
             f.flush()
 
 
@@ -238,7 +262,8 @@ def measure(name: str, jobs: list, errors: dict, log: Path) -> dict[str, float]:
             entry = json.loads(line)
             if "seconds" in entry:
                 done[entry["path"]] = entry["seconds"]
-                errors[entry["path"]] = f"rel err {entry['err']:.1e}"
+                errors[entry["path"]] = (f"rel err {entry['err']:.1e}; as tuned "
+                                         f"{entry['tuner_s'] * 1e6:.1f} us")
             else:
                 started = entry["path"]
         if child.exitcode != 0 and started is not None and started not in done:
@@ -260,6 +285,9 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", default=",".join(WORKLOADS), help="workload names")
     parser.add_argument("--configs", type=int, default=20, help="configs per workload")
+    parser.add_argument("--tiles", nargs="*", default=[],
+                        help="simt tiles (as the knob spells them) timed at every k step "
+                             "and pipeline besides the ranked configs")
     parser.add_argument("--workers", type=int, default=os.cpu_count())
     parser.add_argument("--dry-run", action="store_true",
                         help="build every kernel that would be timed, time none")
@@ -272,6 +300,8 @@ def main() -> None:
     jobs = []
     for i, name in enumerate(names):
         fallback_and_ranked = [None, *ranked_configs(WORKLOADS[name], args.configs)]
+        fallback_and_ranked += [c for c in tile_configs(WORKLOADS[name], args.tiles)
+                                if c not in fallback_and_ranked]
         jobs += [(name, c, str(tmp / f"{i}_{j}.so")) for j, c in enumerate(fallback_and_ranked)]
     start = time.time()
     ctx = multiprocessing.get_context("spawn")
@@ -302,8 +332,9 @@ def main() -> None:
                          f"{total / reference / 1e12:.2f}", f"{reference / sec:.2f}x", note or ""])
     # the rows and commands of earlier runs for the workloads not measured in this one
     kept_rows, commands = previous_rows(RESULTS / "gpu_gemm_configs.md", set(names))
+    tiles = f" --tiles {' '.join(args.tiles)}" if args.tiles else ""
     commands.append("Command: `python benchmarks/gpu_gemm_configs.py "
-                    f"--only {args.only} --configs {args.configs}`")
+                    f"--only {args.only} --configs {args.configs}{tiles}`")
     write_table("gpu_gemm_configs",
                 "GPU matmul / implicit-GEMM conv configs against cuBLAS / cuDNN (fp32, TF32 off)",
                 ["workload", "config", "us", "TFLOP/s", "torch TFLOP/s", "vs torch", "check"],

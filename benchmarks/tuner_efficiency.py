@@ -122,7 +122,8 @@ def table_rows(store: CurveStore, chosen: list[dict], trials: int, seeds: int,
             walls = [w for seed in range(seeds) if (w := store.wall_s(name, t, seed))]
             wall = f"{np.mean(walls):.0f}" if walls else "-"
             rows.append([name, t, str(len(curves[t]))] + [f"{g:.1f}" for g in means]
-                        + [f"{torch_gflops or 0:.1f}", ratio, wall, reach if t == "xgb" else ""])
+                        + [f"{torch_gflops:.1f}" if torch_gflops else "-", ratio, wall,
+                           reach if t == "xgb" else ""])
     return rows
 
 

@@ -35,8 +35,8 @@ from tvm.s_tir.schedule import Schedule
 from tecc.target import target_info
 
 # (threads along M, threads along N, vthreads M, vthreads N, micro M, micro N):
-# largest block tile first.
-TILES: tuple[tuple[int, int, int, int, int, int], ...] = (
+# largest block tile first. The fallback picks among these.
+FALLBACK_TILES: tuple[tuple[int, int, int, int, int, int], ...] = (
     (16, 16, 2, 2, 4, 4),  # 128 x 128, 256 threads, 64 accumulators each
     (16, 16, 1, 2, 4, 4),  # 64 x 128
     (16, 16, 2, 1, 4, 4),  # 128 x 64
@@ -47,6 +47,15 @@ TILES: tuple[tuple[int, int, int, int, int, int], ...] = (
     (16, 16, 1, 1, 1, 1),  # 16 x 16, 256 threads (for plain GEMMs a knob value only:
                            # 0.6-0.8x of the 64-thread tile on the H200's small grids)
 )
+# Knob values only: 64 accumulators a thread on block tiles of 64 or 128 threads, for
+# grids that barely fill the GPU with the larger tiles (1024^3: 128 blocks of 64 x
+# 128), where a thread holding more of the tile issues more FMAs per shared load.
+FEW_THREAD_TILES: tuple[tuple[int, int, int, int, int, int], ...] = (
+    (8, 16, 2, 2, 4, 4),   # 64 x 128, 128 threads
+    (16, 8, 2, 2, 4, 4),   # 128 x 64, 128 threads
+    (8, 8, 2, 2, 4, 4),    # 64 x 64, 64 threads
+)
+TILES = FALLBACK_TILES + FEW_THREAD_TILES
 SMALL_TILE, WIDE_SMALL_TILE = (8, 8, 1, 1, 2, 2), (16, 16, 1, 1, 1, 1)
 # The fallback's tile: the largest of at least 64 x 64 whose grid fills the GPU about
 # twice (a block waiting on its loads has another to switch to), else the largest
@@ -118,10 +127,10 @@ def padding_of(tile: tuple[int, ...], m: int, n: int) -> float:
 
 def padded_grids(batch: int, m: int, n: int, min_area: int = 0
                  ) -> list[tuple[tuple[int, ...], int, int]]:
-    """(tile, block tile area, blocks) of each tile of TILES (largest first) of at
-    least `min_area` that pads the matrix by at most MAX_PADDING."""
+    """(tile, block tile area, blocks) of each tile of FALLBACK_TILES (largest first)
+    of at least `min_area` that pads the matrix by at most MAX_PADDING."""
     grids = []
-    for tile in TILES:
+    for tile in FALLBACK_TILES:
         tm, tn = tile_shape(tile)
         if tm * tn >= min_area and padding_of(tile, m, n) <= MAX_PADDING:
             grids.append((tile, tm * tn, grid_blocks(tile, batch, m, n)))
@@ -129,7 +138,7 @@ def padded_grids(batch: int, m: int, n: int, min_area: int = 0
 
 
 def fallback_tile(batch: int, m: int, n: int, sms: int) -> tuple[int, ...]:
-    """The first tile of TILES (largest first) that pads the matrix by at most
+    """The first tile of FALLBACK_TILES (largest first) that pads the matrix by at most
     MAX_PADDING and passes WAVES[0], else WAVES[1], else the 16 x 16 tile of 64
     threads."""
     grids = padded_grids(batch, m, n)

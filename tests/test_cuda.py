@@ -308,6 +308,7 @@ def test_cuda_wheel_runs_in_a_venv_without_torch_or_tecc(tmp_path):
 _MATMUL_CONFIGS = [("simt", "16,16,2,2,4,4", 16, "none"), ("simt", "16,16,1,2,4,4", 8, "double"),
                    ("simt", "8,8,1,1,2,2", 64, "double"), ("simt", "8,16,1,1,4,4", 32, "none"),
                    ("simt", "16,16,1,1,1,1", 64, "double"),
+                   ("simt", "8,16,2,2,4,4", 16, "double"),  # 64 accumulators, 128 threads
                    ("tiled", "16,16,1,1,4,4", 16, "none")]
 
 

@@ -161,6 +161,26 @@ def test_injective_group_is_a_task(target):
     assert info[0].config == task.fallback_config().to_json()
 
 
+def test_injective_ragged_last_axis_tests_only_its_tail():
+    """A last axis no step divides (60 = 3 x 16 + 12 on 8 lanes, unroll 2) keeps its
+    step loop out of the parallel fuse, and after TIR's LoopPartition only the partial
+    step tests its index; every such config matches numpy."""
+    x = Var("x", TensorType((4, 5, 60), "float32"))
+    (task,) = extract_tasks(Function([x], Call("exp", [Call("multiply", [x, x])])),
+                            TARGETS[0])
+    config = task.space.from_json({"fuse": "inner", "vec": 8, "unroll": 2, "chunks": -1})
+    prims = _check_configs(task, [config, task.space.from_json({**config.to_json(),
+                                                               "chunks": 2})])
+    lowered = tvm.ir.transform.Sequential([
+        tvm.s_tir.transform.ConvertBlocksToOpaque(), tvm.s_tir.transform.LowerOpaqueBlock(),
+        tvm.s_tir.transform.LoopPartition(), tvm.tirx.transform.StmtSimplify(),
+    ])(tvm.IRModule({"k": prims["k0"]}))["k"].script()
+    assert "pragma_loop_partition_hint" in prims["k0"].script()
+    checks = [line.strip() for line in lowered.splitlines()
+              if line.strip().startswith("if ") or "T.likely" in line]
+    assert len(checks) <= 1, checks  # the tail step's lanes only
+
+
 @pytest.mark.parametrize("target", TARGETS, ids=_target_id)
 @pytest.mark.parametrize("name", list(WORKLOADS))
 def test_random_configs_match_numpy(name, target):

@@ -26,6 +26,7 @@ from tecc.frontend.ir import Call, Constant, Expr, Function, Tuple, TupleGetItem
 from tecc.schedules.blocks import anchor_kind, block_name, injective_anchor, root_blocks
 from tecc.schedules.computes import ANCHOR_ATTR, get_compute, scalar_constant
 from tecc.schedules.default import AppliedTemplate, default_schedule
+from tecc.schedules.in_output import store_in_outputs
 from tecc.schedules.space import Config, ConfigSpace
 from tecc.schedules.template import INJECTIVE_KIND, ScheduleContext, Template, templates_for
 from tvm import te
@@ -139,7 +140,7 @@ def lower_primitive(func: Function, name: str, target: tvm.target.Target,
     workloads = anchor_workloads(sch, anchors, func, target.kind.name)
     applied: list[AppliedTemplate] = []
     sch = default_schedule(sch, target, make_chooser(config), workloads, applied)
-    prim = sch.mod["main"].with_attr("global_symbol", name)
+    prim = store_in_outputs(sch.mod["main"]).with_attr("global_symbol", name)
     return (prim, applied) if return_info else prim
 
 

@@ -50,7 +50,9 @@ from tecc.schedules.blocks import (
     inline_injective,
     is_reduction,
     iter_types,
+    output_names,
     padding_producer,
+    reads_elementwise,
     reduction_loops,
     root_blocks,
     shared_exp,
@@ -59,6 +61,7 @@ from tecc.schedules.blocks import (
     vars_in,
     vector_width_options,
 )
+from tecc.schedules.in_output import IN_OUTPUT_ATTR, same_storage
 from tecc.schedules.space import Config, ConfigSpace
 from tecc.schedules.template import ScheduleContext, Template, register_template
 from tvm.s_tir.schedule import Schedule
@@ -210,14 +213,20 @@ class RowReduceTemplate(Template):
     def apply(self, ctx: ScheduleContext, config: Config) -> None:
         sch = ctx.sch
         # rows that stay on one core keep a shared exp (softmax's, read by the exp-sum
-        # and the normalize) as a row buffer, computed once per element, where the row
-        # fits a stack buffer
+        # and the normalize), computed once per element: as a row buffer where the row
+        # fits a stack buffer, else in the output buffer (in_output.py), the normalize
+        # rescaling it in place
         buf, dims = _reduced_dims(sch, ctx.block)
         row_bytes = math.prod(int(buf.shape[d]) for d in dims) * tvm.DataType(buf.dtype).bits // 8
-        keep = ("k_split" in config and config["k_split"][0] == 1
-                and row_bytes < STACK_BUFFER_BYTES)
-        inline_injective(sch, keep=shared_exp if keep else None)
+        keep = "k_split" in config and config["k_split"][0] == 1
+        in_output = keep and row_bytes >= STACK_BUFFER_BYTES
+        inline_injective(sch, keep=(_exp_for_output if in_output else shared_exp) if keep
+                         else None)
         info = _analyze_rows(sch, ctx.block)
+        if in_output:
+            output = sch.get(info.out).writes[0].source
+            for block in _kept_blocks(sch, info):
+                sch.annotate(block, IN_OUTPUT_ATTR, output.name)
         if info.row_mode:
             _apply_row_mode(sch, info, config)
         else:
@@ -228,8 +237,26 @@ class RowReduceTemplate(Template):
 # TVM allocates a CPU buffer below 1 KB on the stack, a larger one from the workspace
 # pool at each entry of its scope (here: each row). Measured on two AVX-512 cores,
 # kept against inlined: softmax over 128 1.5x faster, over 197 1.12x, over 1500 (a
-# workspace buffer per row) 0.9x.
+# workspace buffer per row) 0.9x; longer rows keep the exp in the output buffer.
 STACK_BUFFER_BYTES = 1024
+
+
+def _exp_for_output(sch: Schedule, block) -> bool:
+    """A shared exp (blocks.shared_exp) whose every other reader is an output block of
+    its own shape and dtype reading it elementwise: it can be stored in that output."""
+    if not shared_exp(sch, block):
+        return False
+    written = sch.get(block).writes[0].source
+    outputs = set(output_names(sch))
+    for consumer in sch.get_consumers(block):
+        if is_reduction(sch, consumer):
+            continue
+        stmt = sch.get(consumer)
+        out = stmt.writes[0].source
+        if block_name(sch, consumer) not in outputs or not same_storage(out, written) \
+                or not reads_elementwise(sch, consumer, written):
+            return False
+    return True
 
 
 def _kept_blocks(sch: Schedule, info: _Rows) -> list:

@@ -19,7 +19,8 @@ eight elements per thread (a warp for rows up to 256), rows per block up to 256
 threads while the grid still fills the multiprocessors twice, the widest vector that
 divides the row and the shared cache when the row is read more than once and fits.
 Reductions over outer axes (column mode) and reducers TVM's cross-thread lowering
-does not know (the NaN-keeping max of amax) are refused: dlight's rules take them.
+does not know (a NaN-keeping combiner; amax / amin reduce with plain ones, see
+op_defs/reduce.py) are refused: dlight's rules take them.
 """
 
 from __future__ import annotations

@@ -48,6 +48,11 @@ def _with_nan_row(shape, seed: int) -> torch.Tensor:
     return x
 
 
+def _with_inf_row(x: torch.Tensor) -> torch.Tensor:
+    x.view(-1, x.shape[-1])[2] = -float("inf")
+    return x
+
+
 # (id, op, input makers, attrs, torch reference, template, extra configs)
 CASES = [
     ("bert_safe_softmax", "nn.safe_softmax", [lambda: _masked((1, 12, 128, 128), 0)],
@@ -79,6 +84,10 @@ CASES = [
     ("row_mean", "mean", [lambda: _randn((3, 5, 49), 11)], {"axis": (2,), "keepdims": True},
      lambda x: x.mean(2, keepdim=True), "reduce",
      [{"threads": 64, "rows": 1, "vector": 1, "cache": "none"}]),
+    # amax / amin as a plain max and a count (NaN-keeping): both reducers the GPU knows
+    ("row_amax", "max", [lambda: _with_inf_row(_with_nan_row((8, 300), 13))],
+     {"axis": (1,), "keepdims": False}, lambda x: x.amax(1), "reduce",
+     [{"threads": 64, "rows": 2, "vector": 4, "cache": "shared"}]),
     ("global_pool", "nn.adaptive_avg_pool2d", [lambda: _randn((2, 512, 7, 7), 12)],
      {"output_size": (1, 1), "layout": "NCHW"}, lambda x: F.adaptive_avg_pool2d(x, 1), "pool",
      [{"threads": 16, "rows": 8, "vector": 1, "cache": "shared"}]),

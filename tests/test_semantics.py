@@ -30,6 +30,28 @@ def _with_nan(shape, seed, spots):
     return x
 
 
+class RowMaxMin(torch.nn.Module):
+    def forward(self, x):
+        return x.amax(-1), x.amin(-1), x.amax(0), torch.max(x), x.amin((0, 1), keepdim=True)
+
+
+def test_amax_and_amin_keep_infinite_rows_and_nan():
+    """A row of -inf has the max -inf (not the lowest finite float, the plain max's
+    identity), a row of +inf the min +inf, a NaN anywhere in the row gives NaN; rows
+    of 1500 (a ragged vector split) and a column reduction."""
+    x = torch.randn(6, 1500, generator=torch.Generator().manual_seed(2))
+    x[1, :] = -INF
+    x[2, :] = INF
+    x[3, 700] = NAN
+    x[4, 9] = -INF
+    x[5, 1499] = INF
+    got = tecc.compile(RowMaxMin(), (x,))(x)
+    expected = RowMaxMin()(x)
+    assert expected[0][1] == -INF and expected[1][2] == INF
+    for i, (g, e) in enumerate(zip(got, expected, strict=True)):
+        torch.testing.assert_close(g, e, equal_nan=True, msg=f"output {i}")
+
+
 def test_nan_goes_through_max_and_min_as_in_eager():
     x = _with_nan((4, 8), 0, [((0, 1), NAN), ((2, 3), INF), ((3, 0), -INF)])
     y = _with_nan((4, 8), 1, [((1, 2), NAN), ((0, 1), 2.0)])

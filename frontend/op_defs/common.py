@@ -291,10 +291,11 @@ def nan_clamp(x: tvm.tirx.PrimExpr, low: tvm.tirx.PrimExpr, high: tvm.tirx.PrimE
     return nan_min(nan_max(x, low), high)
 
 
-# te.max / te.min over axes with torch's NaN semantics (amax, amin, max_pool2d). rfactor
+# te.max / te.min over axes with torch's NaN semantics (max_pool2d's window; amax and amin
+# reduce with plain ones and a NaN count instead, op_defs/reduce.py). rfactor
 # does not know them (registering a Python combiner with TVM's reducer registry corrupts
-# the heap at interpreter exit): a reduce config that splits the reduction across
-# threads is refused for amax/amin, and the next one (or the generic schedule) is used.
+# the heap at interpreter exit): a schedule that would rfactor them is refused, and the
+# next one (or the generic schedule) is used.
 nan_max_reduce = te.comm_reducer(nan_max, lambda t: tvm.tirx.min_value(t), name="nan_max")
 nan_min_reduce = te.comm_reducer(nan_min, lambda t: tvm.tirx.max_value(t), name="nan_min")
 

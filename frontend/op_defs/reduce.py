@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import tvm
 from tecc.frontend.op_defs.common import (
     ANCHOR_ATTR,
     arity,
     bcast_index,
-    nan_max_reduce,
-    nan_min_reduce,
     out_tensor,
     te_shape,
 )
@@ -80,6 +79,43 @@ def _combine_compute(name: str, combine: Callable) -> Callable:
     return compute
 
 
+def _nan_keeping_compute(name: str, plain: Callable, larger: bool) -> Callable:
+    """amax (`larger`) / amin with torch's semantics as two reductions every schedule
+    knows: the plain max (or min), whose identity is the lowest (highest) finite
+    float, and a sum that counts the elements other than -inf (+inf) and is NaN where
+    the row holds a NaN. The result is the plain one where the count is positive,
+    -inf (+inf) where it is 0 (a row of -inf, where the plain max would give its
+    identity), NaN where it is NaN. A NaN-keeping combiner (common.nan_max_reduce) is
+    unknown to rfactor and to TVM's cross-thread reductions: its reductions ran scalar
+    on the CPU and took dlight's rules on CUDA."""
+    def compute(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+        (x,) = args
+        axes = reduce_axes(attrs, x.ndim)
+        if not axes:
+            return _identity(x, out_type, name)
+        keep = attrs["keepdims"]
+        if not str(x.dtype).startswith("float"):
+            return reduce_compute(x, axes, keep, plain, name, anchor="reduce")
+        best = reduce_compute(x, axes, keep, plain, f"{name}_plain", anchor="reduce")
+        zero, one = const(0, x.dtype), const(1, x.dtype)
+        bound = const(-np.inf if larger else np.inf, x.dtype)
+
+        def counted(*i: Any) -> Any:
+            v = x[i]
+            inner = v > bound if larger else v < bound
+            # the ordered compare fails for NaN alone: the NaN itself is summed
+            same = v >= bound if larger else v <= bound
+            return tvm.tirx.Select(inner, one, tvm.tirx.Select(same, zero, v))
+
+        count = reduce_compute(te.compute(x.shape, counted, name=f"{name}_counted"), axes,
+                               keep, te.sum, f"{name}_count")
+        return te.compute(best.shape, lambda *i: tvm.tirx.Select(
+            count[i] > zero, best[i], tvm.tirx.Select(count[i] == zero, bound, count[i])),
+            name=name)
+
+    return compute
+
+
 def _mean_compute(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
     (x,) = args
     axes = reduce_axes(attrs, x.ndim)
@@ -123,9 +159,9 @@ _REDUCTIONS: list[tuple[str, Callable, Callable, tuple[str, ...], bool]] = [
     ("sum", _combine_compute("sum", te.sum), np.sum,
      ("aten.sum.dim_IntList", "aten.sum.default"), True),
     ("mean", _mean_compute, np.mean, ("aten.mean.dim", "aten.mean.default"), True),
-    ("max", _combine_compute("max", nan_max_reduce), np.max, ("aten.amax.default", "aten.max.default"),
+    ("max", _nan_keeping_compute("max", te.max, True), np.max, ("aten.amax.default", "aten.max.default"),
      True),
-    ("min", _combine_compute("min", nan_min_reduce), np.min, ("aten.amin.default", "aten.min.default"),
+    ("min", _nan_keeping_compute("min", te.min, False), np.min, ("aten.amin.default", "aten.min.default"),
      True),
     ("prod", _combine_compute("prod", _prod), np.prod,
      ("aten.prod.dim_int", "aten.prod.default"), False),

@@ -313,7 +313,9 @@ def measure(entry: ZooModel, threads: int) -> dict:
         competitors["ort"] = onnxruntime_session(model, inputs, threads)
     except Exception as err:
         row["ort_error"] = first_line(err)
-    row["ms"] = interleaved_ms(competitors, rounds=3, seconds_per_round=0.1)
+    # 7 rounds: on a shared host a framework's slow phase (ONNX Runtime's spinning
+    # thread pool, for one) can last a round; 3 short rounds let one outlier decide
+    row["ms"] = interleaved_ms(competitors, rounds=7, seconds_per_round=0.15)
     torch._dynamo.reset()
     return row
 
@@ -370,7 +372,8 @@ def write_results(rows: list[dict], output: str, threads: int, wall_s: float) ->
          "backend: torch.compile(model, backend=\"tecc\"). tecc: the strict build called "
          "with numpy arrays; tecc backend: through Dynamo. Ratios use the strict build "
          "where there is one, else the backend.",
-         "Medians over interleaved rounds (every framework measured in each round); "
+         "Medians over 7 interleaved rounds of 0.15 s (every framework measured in each "
+         "round); "
          "ratios above 1 mean tecc is faster.",
          f"Summary: {strict_ok}/{len(rows)} compile strictly, {len(backend_ok)}/{len(rows)} "
          f"run through the backend with rel err < 1e-3; geometric mean over ONNX Runtime "

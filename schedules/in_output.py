@@ -54,13 +54,14 @@ def store_in_outputs(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
         output = outputs.get(str(block.annotations[IN_OUTPUT_ATTR]))
         if output is not None and same_storage(buffer, output):
             remap[buffer] = output
-    dropped = list(remap)
+    # after the remap the marked buffers' allocations name the outputs
+    outputs_used = list(remap.values())
 
     def rebuild(block: Any, mutator: Any) -> Any:
         block = mutator.default_mutate(block)
         annotations = {k: v for k, v in block.annotations.items() if k != IN_OUTPUT_ATTR}
         allocs = [b for b in block.alloc_buffers
-                  if not any(b.same_as(d) or b.same_as(remap[d]) for d in dropped)]
+                  if not any(b.same_as(o) for o in outputs_used)]
         if len(annotations) == len(block.annotations) and len(allocs) == len(
                 block.alloc_buffers):
             return block

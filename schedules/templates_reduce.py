@@ -218,15 +218,16 @@ class RowReduceTemplate(Template):
         # rescaling it in place
         buf, dims = _reduced_dims(sch, ctx.block)
         row_bytes = math.prod(int(buf.shape[d]) for d in dims) * tvm.DataType(buf.dtype).bits // 8
-        keep = "k_split" in config and config["k_split"][0] == 1
-        in_output = keep and row_bytes >= STACK_BUFFER_BYTES
-        inline_injective(sch, keep=(_exp_for_output if in_output else shared_exp) if keep
-                         else None)
+        keep = None
+        if "k_split" in config and config["k_split"][0] == 1:
+            keep = shared_exp if row_bytes < STACK_BUFFER_BYTES else _exp_for_output
+        inline_injective(sch, keep=keep)
         info = _analyze_rows(sch, ctx.block)
-        if in_output:
+        if keep is _exp_for_output:
             output = sch.get(info.out).writes[0].source
             for block in _kept_blocks(sch, info):
-                sch.annotate(block, IN_OUTPUT_ATTR, output.name)
+                if _exp_for_output(sch, block):  # not a block that would not inline
+                    sch.annotate(block, IN_OUTPUT_ATTR, output.name)
         if info.row_mode:
             _apply_row_mode(sch, info, config)
         else:
@@ -247,16 +248,10 @@ def _exp_for_output(sch: Schedule, block) -> bool:
     if not shared_exp(sch, block):
         return False
     written = sch.get(block).writes[0].source
-    outputs = set(output_names(sch))
-    for consumer in sch.get_consumers(block):
-        if is_reduction(sch, consumer):
-            continue
-        stmt = sch.get(consumer)
-        out = stmt.writes[0].source
-        if block_name(sch, consumer) not in outputs or not same_storage(out, written) \
-                or not reads_elementwise(sch, consumer, written):
-            return False
-    return True
+    outputs = output_names(sch)
+    return all(is_reduction(sch, c) or (
+        block_name(sch, c) in outputs and same_storage(sch.get(c).writes[0].source, written)
+        and reads_elementwise(sch, c, written)) for c in sch.get_consumers(block))
 
 
 def _kept_blocks(sch: Schedule, info: _Rows) -> list:

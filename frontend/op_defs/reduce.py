@@ -12,8 +12,10 @@ from tecc.frontend.op_defs.common import (
     ANCHOR_ATTR,
     arity,
     bcast_index,
+    is_float_dtype,
     out_tensor,
     te_shape,
+    unless_nan,
 )
 from tecc.frontend.ops import OPS, Converter, Pattern, reduce_axes
 from tecc.frontend.types import Attrs, TensorType, Type
@@ -79,7 +81,7 @@ def _combine_compute(name: str, combine: Callable) -> Callable:
     return compute
 
 
-def _nan_keeping_compute(name: str, plain: Callable, larger: bool) -> Callable:
+def _nan_keeping_compute(name: str, larger: bool) -> Callable:
     """amax (`larger`) / amin with torch's semantics as two reductions every schedule
     knows: the plain max (or min), whose identity is the lowest (highest) finite
     float, and a sum that counts the elements other than -inf (+inf) and is NaN where
@@ -94,7 +96,8 @@ def _nan_keeping_compute(name: str, plain: Callable, larger: bool) -> Callable:
         if not axes:
             return _identity(x, out_type, name)
         keep = attrs["keepdims"]
-        if not str(x.dtype).startswith("float"):
+        plain = te.max if larger else te.min
+        if not is_float_dtype(x.dtype):
             return reduce_compute(x, axes, keep, plain, name, anchor="reduce")
         best = reduce_compute(x, axes, keep, plain, f"{name}_plain", anchor="reduce")
         zero, one = const(0, x.dtype), const(1, x.dtype)
@@ -102,10 +105,9 @@ def _nan_keeping_compute(name: str, plain: Callable, larger: bool) -> Callable:
 
         def counted(*i: Any) -> Any:
             v = x[i]
-            inner = v > bound if larger else v < bound
-            # the ordered compare fails for NaN alone: the NaN itself is summed
-            same = v >= bound if larger else v <= bound
-            return tvm.tirx.Select(inner, one, tvm.tirx.Select(same, zero, v))
+            # 1 past the bound, 0 at it, the NaN itself (summed into the count)
+            return tvm.tirx.Select(v > bound if larger else v < bound, one,
+                                   unless_nan(v, zero))
 
         count = reduce_compute(te.compute(x.shape, counted, name=f"{name}_counted"), axes,
                                keep, te.sum, f"{name}_count")
@@ -159,9 +161,9 @@ _REDUCTIONS: list[tuple[str, Callable, Callable, tuple[str, ...], bool]] = [
     ("sum", _combine_compute("sum", te.sum), np.sum,
      ("aten.sum.dim_IntList", "aten.sum.default"), True),
     ("mean", _mean_compute, np.mean, ("aten.mean.dim", "aten.mean.default"), True),
-    ("max", _nan_keeping_compute("max", te.max, True), np.max, ("aten.amax.default", "aten.max.default"),
+    ("max", _nan_keeping_compute("max", True), np.max, ("aten.amax.default", "aten.max.default"),
      True),
-    ("min", _nan_keeping_compute("min", te.min, False), np.min, ("aten.amin.default", "aten.min.default"),
+    ("min", _nan_keeping_compute("min", False), np.min, ("aten.amin.default", "aten.min.default"),
      True),
     ("prod", _combine_compute("prod", _prod), np.prod,
      ("aten.prod.dim_int", "aten.prod.default"), False),

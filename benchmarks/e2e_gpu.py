@@ -31,7 +31,7 @@ from tests.models import MLP, MatMul, MobileNetV2, bert_encoder, resnet18  # noq
 from tests.util import max_rel_error, to_cpu  # noqa: E402
 
 STORE = RESULTS / "e2e_gpu.json"
-COMPETITORS = ("eager", "compile", "reduce-overhead", "tecc")
+COMPETITORS = ("eager", "compile", "reduce-overhead", "tecc", "tecc-direct")
 TORCH_MODES = {"compile": None, "reduce-overhead": "reduce-overhead",
                "max-autotune": "max-autotune"}
 
@@ -110,6 +110,11 @@ def run_model(name: str, batch: int, competitors: list[str], records: str | None
     compile_s["tecc"] = time.perf_counter() - start
     error = max_rel_error(to_cpu(cm(*inputs)), expected)
     fns["tecc"] = lambda: cm(*inputs)
+    if "tecc-direct" in competitors and any("winograd" in k["name"] for k in cm.plan["kernels"]):
+        # the same build with every conv direct: what Winograd brings
+        direct = tecc.compile(model, cpu_inputs, target="cuda", winograd=False)
+        error = max(error, max_rel_error(to_cpu(direct(*inputs)), expected))
+        fns["tecc direct convs"] = lambda: direct(*inputs)
     tuned_from = {}
     if records:
         start = time.perf_counter()
@@ -178,7 +183,7 @@ def write_markdown(store: dict) -> None:
         torch_best = min(v for k, v in ms.items() if not k.startswith("tecc"))
         rows.append([r["model"], str(r["batch"]), cell("eager"), cell("compile"),
                      cell("reduce-overhead"), cell("max-autotune"), f"{ours:.3f}",
-                     cell("tecc tuned"), f"{eager / best:.2f}x", f"{torch_best / best:.2f}x",
+                     cell("tecc direct convs"), cell("tecc tuned"), f"{eager / best:.2f}x", f"{torch_best / best:.2f}x",
                      str(r["kernel_calls"]), f"{r['compile_s']['tecc']:.0f}",
                      f"{r['max_rel_err']:.1e}"])
     gemm_rows = [[str(g["n"]), f"{g['ms']['cublas']:.3f}", f"{g['ms']['tecc']:.3f}",
@@ -187,7 +192,9 @@ def write_markdown(store: dict) -> None:
                  for g in sorted(store.get("gemm", {}).values(), key=lambda g: g["n"])]
     device = next(iter(store["models"].values()), {}).get("device", "a CUDA GPU")
     notes = [f"Device: {device}; torch {torch.__version__}, tecc {tecc.__version__}. "
-             "\"tecc\": untuned (fallback configs); \"tecc tuned\": with the tuning records "
+             "\"tecc\": untuned (fallback configs; Winograd for the 3x3 convs the default "
+             "rule picks); \"tecc direct convs\": the same with every conv direct "
+             "(winograd=False); \"tecc tuned\": with the tuning records "
              "given (--records); the ratios are of tecc's faster column against eager and "
              "against the fastest torch mode measured.",
              "fp32 everywhere, TF32 off (torch.backends.cuda.matmul.allow_tf32 = "
@@ -198,7 +205,7 @@ def write_markdown(store: dict) -> None:
     path = write_table("e2e_gpu", "End-to-end latency, CUDA GPU, fp32 (median ms)",
                        ["model", "batch", "torch eager", "torch.compile",
                         "torch.compile reduce-overhead", "torch.compile max-autotune", "tecc",
-                        "tecc tuned", "tecc vs eager", "tecc vs fastest torch",
+                        "tecc direct convs", "tecc tuned", "tecc vs eager", "tecc vs fastest torch",
                         "kernel calls", "tecc compile s", "max rel err"], rows, notes)
     if gemm_rows:
         lines = ["", "## GEMM (n x n x n, fp32)", "",

@@ -2,7 +2,7 @@
 # One round on a CUDA machine, from the repository root, with tecc and TVM importable
 # (PYTHONPATH): `tests` runs the CUDA, GPU-tuning and GPU-reduction tests against torch
 # on the GPU, `bench ARGS` runs benchmarks/e2e_gpu.py with ARGS, `gemm` the matmul
-# template's tiles, `reduce` the row-reduction templates against dlight and torch,
+# template's tiles, `winograd` Winograd against the direct conv per layer, `reduce` the row-reduction templates against dlight and torch,
 # `efficiency ARGS` benchmarks/tuner_efficiency.py --target cuda, `tune RECORDS
 # MODEL:TRIALS...` tunes each model for cuda into RECORDS (a copy goes to $OUT after
 # each). Logs and results go to $OUT when it is set. `bench` merges its rows into the
@@ -32,6 +32,10 @@ case "${1:-}" in
     shift
     python3 benchmarks/gpu_gemm_configs.py "$@" 2>&1 | tee "$OUT/gemm_configs.log"
     cp benchmarks/results/gpu_gemm_configs.md "$OUT/";;
+  winograd)
+    shift
+    python3 benchmarks/gpu_winograd.py "$@" 2>&1 | tee "$OUT/winograd.log"
+    cp benchmarks/results/gpu_winograd.md "$OUT/";;
   reduce)
     shift
     python3 benchmarks/gpu_reduce.py "$@" 2>&1 | tee "$OUT/gpu_reduce.log"
@@ -57,7 +61,7 @@ case "${1:-}" in
       cp "$records" "$OUT/"
     done;;
   *) echo "usage: gpu_round.sh tests [pytest args] | bench [e2e_gpu args] | gemm [args] |" \
-          "reduce [args] |" \
+          "reduce [args] | winograd [args] |" \
           "efficiency [args] | tune RECORDS MODEL:TRIALS..." >&2
      exit 2;;
 esac

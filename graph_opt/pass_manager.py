@@ -39,6 +39,9 @@ WinogradFn = Callable[[Call, int], int]
 # oc_bn) the conv's schedule config wants (a tuning record), or None for the layout
 # pass's own choice
 ConvBlocksFn = Callable[[Call, "int | None", int], "tuple[int, int] | None"]
+# (conv call, the GPU target's facts) -> Winograd output tile for a conv on a GPU
+# (graph_opt/winograd.py), 0 for the direct conv
+GpuWinogradFn = Callable[[Call, "TargetInfo"], int]
 # (dense call, lanes) -> the packing block nb (N padded to whole blocks), or None to
 # leave the dense unpacked
 DenseBlockFn = Callable[[Call, int], "int | None"]
@@ -50,6 +53,12 @@ def untuned_winograd_tile(conv: Call, lanes: int) -> int:
     from tecc.graph_opt.layout import default_winograd_tile
 
     return default_winograd_tile(conv, lanes)
+
+
+def untuned_gpu_winograd_tile(conv: Call, info: TargetInfo) -> int:
+    from tecc.graph_opt.winograd import default_gpu_winograd_tile
+
+    return default_gpu_winograd_tile(conv, info)
 
 
 def untuned_conv_blocks(conv: Call, producer_block: int | None, tile: int
@@ -65,13 +74,15 @@ def untuned_dense_block(dense: Call, lanes: int) -> int | None:
 
 @dataclass(frozen=True)
 class TuningCallbacks:
-    """The per-layer choices the layout pass (`winograd_tile`, `conv_blocks`) and the
-    dense weight packing (`dense_block`) ask the driver for. The defaults are the
+    """The per-layer choices the layout pass (`winograd_tile`, `conv_blocks`), the GPU
+    Winograd pass (`gpu_winograd_tile`) and the dense weight packing (`dense_block`)
+    ask the driver for. The defaults are the
     untuned choices; tecc.tuning.TuningContext answers from tuning records."""
 
     winograd_tile: WinogradFn = untuned_winograd_tile
     conv_blocks: ConvBlocksFn = untuned_conv_blocks
     dense_block: DenseBlockFn = untuned_dense_block
+    gpu_winograd_tile: GpuWinogradFn = untuned_gpu_winograd_tile
 
 
 @dataclass

@@ -66,6 +66,7 @@ TEMPLATE_MODULES = (
     "tecc.schedules.templates_injective",
     "tecc.schedules.gpu_templates",
     "tecc.schedules.gpu_reduce",
+    "tecc.schedules.gpu_winograd",
 )
 # The anchor kind of a group of injective ops (it has no "tecc.anchor" block).
 INJECTIVE_KIND = "injective"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import tempfile
 import time
@@ -335,21 +336,32 @@ def retarget(
 def model_tasks(graphs: Sequence[tuple[Any, Sequence[Any] | None]], target: str,
                 winograd: bool) -> tuple[list, list[int]]:
     """The tuning tasks of the models `graphs` (model, example inputs: one model, or the
-    regions of a partitioned one) and their kernel calls, one task per workload."""
+    regions of a partitioned one) and their kernel calls, one task per workload. On a
+    GPU the 3x3 convs the default rule gives to Winograd are tuned both ways (its three
+    kernels and the direct conv), so that compile chooses by the records
+    (TuningContext.gpu_winograd_tile)."""
     from tecc.schedules.tasks import extract_tasks, workload_json
 
     merged: dict[str, Any] = {}
     calls: dict[str, int] = {}
-    for model, example_inputs in graphs:
+    first_form: set[str] = set()
+    forms = [winograd]
+    if winograd and target_info(target).is_gpu:
+        forms.append(False)
+    for form, (model, example_inputs) in itertools.product(forms, graphs):
         _, partitioned, _, _, info = fused_graph(model, example_inputs, target, 3, None, None,
-                                                 {}, winograd)
+                                                 {}, form)
         tasks = extract_tasks(partitioned, info.tvm_target)
         for task, weight in zip(tasks, task_weights(partitioned, info.tvm_target, tasks),
                                 strict=True):
             key = workload_json(task.workload)
+            if form != winograd and key in first_form:
+                continue  # the direct form adds its convs, not a second count of the rest
             if key not in merged:  # named as extract_tasks names them, over all graphs
                 merged[key] = dataclasses.replace(task, name=f"{task.template}_{len(merged)}")
             calls[key] = calls.get(key, 0) + weight
+            if form == winograd:
+                first_form.add(key)
     return list(merged.values()), [calls[key] for key in merged]
 
 

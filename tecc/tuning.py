@@ -9,6 +9,9 @@ into local ones):
   - winograd_tile(conv call, lanes) and conv_blocks(conv call, producer block, tile)
     for graph_opt's layout pass: Winograd or direct, and the channel blocks (ic_bn,
     oc_bn) of the layer's tuned config, or None (default choice);
+  - gpu_winograd_tile(conv call, target facts) for graph_opt's winograd_gpu pass:
+    Winograd's F(m x m) or direct, by the summed costs of its three kernels against
+    the direct conv's where all have records;
   - dense_block(dense call, lanes) for graph_opt's pack_dense_weights: the packing
     block (tile_n) of the tuned config, else the dense template's fallback;
   - config(workload, space) for schedules.lower: the tuned config JSON and its source
@@ -47,10 +50,11 @@ from tecc.autotune.records import (
     workload_key,
 )
 from tecc.canonical import canonical_json
-from tecc.frontend.ir import Call, Function
+from tecc.frontend.ir import Call, Constant, Function, post_order
 from tecc.graph_opt.layout import WINOGRAD_DEFAULT_TILE, default_winograd_tile, winograd_eligible
 from tecc.graph_opt.pass_manager import PassContext, TuningCallbacks
 from tecc.graph_opt.pipeline import optimize
+from tecc.graph_opt.winograd import GPU_WINOGRAD_TILE, default_gpu_winograd_tile, winograd_conv
 from tecc.schedules.space import ConfigSpace
 from tecc.schedules.tasks import CONV_TEMPLATES
 from tecc.schedules.template import templates_for
@@ -123,7 +127,8 @@ class TuningContext:
     def callbacks(self) -> TuningCallbacks:
         """The graph passes' callbacks, answered from these records."""
         return TuningCallbacks(winograd_tile=self.winograd_tile, conv_blocks=self.conv_blocks,
-                               dense_block=self.dense_block)
+                               dense_block=self.dense_block,
+                               gpu_winograd_tile=self.gpu_winograd_tile)
 
     def winograd_tile(self, call: Call, lanes: int) -> int:
         """Winograd or the direct conv for a 3x3 layer: the faster by its tuning records
@@ -137,6 +142,28 @@ class TuningContext:
             return default
         direct = self.choose(conv_workload(CONV2D.name, call))
         return tile if direct.cost_s is None or wino.cost_s < direct.cost_s else 0
+
+    def gpu_winograd_tile(self, call: Call, info: TargetInfo) -> int:
+        """Winograd or the direct conv for a 3x3 layer on a GPU: by the tuning records
+        where both the direct conv and each of the Winograd kernels (input transform,
+        GEMM, output transform) have some (their costs summed), else the default rule."""
+        if not self.winograd:
+            return 0
+        default = default_gpu_winograd_tile(call, info)
+        templates = templates_for(info.kind)
+        direct = self.choose(templates["conv2d"].workload(call, "conv2d"))
+        if direct.cost_s is None or not isinstance(call.args[1], Constant):
+            return default
+        tile = default or GPU_WINOGRAD_TILE
+        kernels = [n for n in post_order(winograd_conv(call, call.args[0], call.args[1], tile))
+                   if isinstance(n, Call)]
+        costs = []
+        for kernel in kernels:
+            kind = {"nn.matmul": "batch_matmul"}.get(str(kernel.op), str(kernel.op)[3:])
+            costs.append(self.choose(templates[kind].workload(kernel, kind)).cost_s)
+        if any(c is None for c in costs):
+            return default
+        return tile if sum(costs) < direct.cost_s else 0
 
     def conv_blocks(self, call: Call, producer_block: int | None,
                     tile: int = 0) -> tuple[int, int] | None:

@@ -20,7 +20,7 @@ from tecc.cuda_toolchain import (
     find_nvcc,
 )
 from tecc.target import resolve_target
-from tests.models import MLP
+from tests.models import MLP, BasicBlock, randomize_batchnorm
 from tests.test_models import TOLERANCE
 from tests.test_models import make as make_model
 from tests.test_ops import CASES, build_case
@@ -95,6 +95,27 @@ def test_model_builds_for_cuda_and_matches_torch(name, tmp_path):
             assert_close(to_cpu(compiled(*_on_gpu(fresh))), model(*fresh),
                          rtol=TOLERANCE[name] * 10, atol=TOLERANCE[name])
 
+
+
+def test_winograd_convs_build_for_cuda_and_match_torch():
+    """A 3x3 conv of 64 channels and more runs as Winograd's F(4x4, 3x3) on the GPU:
+    three kernels (input transform, GEMM, output transform with the epilogue: bias,
+    relu, the residual add); 14 x 14 planes end in partial tiles."""
+    torch.manual_seed(0)
+    model = BasicBlock(64, 64).eval()
+    randomize_batchnorm(model)
+    x = torch.randn(2, 64, 14, 14)
+    compiled = tecc.compile(model, (x,), target=f"cuda:{ARCH}")
+    names = [k["name"] for k in compiled.plan["kernels"]]
+    assert sum("winograd_input" in n for n in names) == 2, names
+    assert any("winograd_output" in n and "add_relu" in n for n in names), names
+    direct = tecc.compile(model, (x,), target=f"cuda:{ARCH}", winograd=False)
+    assert not any("winograd" in k["name"] for k in direct.plan["kernels"])
+    if GPU:
+        with torch.no_grad():
+            expected = model(x)
+        for built in (compiled, direct):
+            assert_close(to_cpu(built(x.cuda())), expected, rtol=1e-4, atol=1e-4)
 
 
 def test_nan_and_inf_go_through_exp_tanh_erf_and_softmax_on_the_gpu():

@@ -257,3 +257,46 @@ def test_every_cuda_task_of_a_cnn_has_a_space_and_windowed_pools_are_none():
     pools = [t.workload["attrs"]["pool_size"] for t in tasks if t.template == "pool"]
     assert pools == [[8, 8]]
     assert all(len(t.space) > 0 for t in tasks)
+
+
+MATMUL_CONFIG = {"rule": "simt", "tile": "16,16,1,1,4,4", "micro_k": 16, "vector": 4,
+                 "unroll": 256, "pipeline": "none", "split_k": 1}
+
+
+def test_records_choose_winograd_or_the_direct_conv_per_layer(tmp_path):
+    """A 3x3 layer on the GPU is Winograd when its three kernels' tuned costs sum to
+    less than the direct conv's tuned cost, direct otherwise, and the default rule
+    (Winograd for 64 channels and more) until both have records."""
+    from tecc.autotune.records import Record, RecordWriter
+    from tecc.frontend.ir import Call, Constant, TensorType, Var, post_order
+    from tecc.graph_opt.winograd import winograd_conv
+    from tecc.schedules.template import templates_for
+
+    from tecc.target import target_to_json
+    from tecc.tuning import TuningContext
+
+    info = target_info(f"cuda:{ARCH}")
+    x = Var("x", TensorType((1, 64, 28, 28), "float32"))
+    weight = Constant(np.random.default_rng(0).standard_normal((64, 64, 3, 3)).astype("float32"))
+    conv = Call("nn.conv2d", (x, weight), {"padding": (1, 1, 1, 1)})
+    templates = templates_for("cuda")
+    kernels = [n for n in post_order(winograd_conv(conv, x, weight, 4)) if isinstance(n, Call)]
+    kinds = {"nn.winograd_input": "winograd_input", "nn.matmul": "batch_matmul",
+             "nn.winograd_output": "winograd_output"}
+    wino = [templates[kinds[k.op]].workload(k, kinds[k.op]) for k in kernels]
+    direct = templates["conv2d"].workload(conv, "conv2d")
+    assert TuningContext(None, info).gpu_winograd_tile(conv, info) == 4
+    assert TuningContext(None, info, winograd=False).gpu_winograd_tile(conv, info) == 0
+
+    def choice(direct_s: float, wino_s: list[float]) -> int:
+        path = tmp_path / f"{direct_s}.jsonl"
+        target = target_to_json(info.tvm_target)
+        writer = RecordWriter(path)
+        for workload, cost in [(direct, direct_s), *zip(wino, wino_s, strict=True)]:
+            config = {"threads": 64} if "winograd" in workload["template"] else MATMUL_CONFIG
+            writer.write(Record(target, workload, config, [cost]))
+        writer.close()
+        return TuningContext(path, info).gpu_winograd_tile(conv, info)
+
+    assert choice(30e-6, [4e-6, 10e-6, 5e-6]) == 4
+    assert choice(15e-6, [4e-6, 10e-6, 5e-6]) == 0

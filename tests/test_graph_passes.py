@@ -22,9 +22,16 @@ from tecc.frontend.ir import (
     structural_equal,
 )
 from tecc.frontend.ops import Pattern, get_op
-from tecc.graph_opt.evaluate import EVALUATORS, evaluate_call
+from tecc.graph_opt.evaluate import EVALUATORS, evaluate_call, evaluate_function
 from tecc.graph_opt.fuse_ops import primitive_per_op
-from tecc.graph_opt.pass_manager import PassContext, PassTrace, check_types, run_passes
+from tecc.graph_opt.pass_manager import (
+    PassContext,
+    PassTrace,
+    TuningCallbacks,
+    check_types,
+    get_pass,
+    run_passes,
+)
 from tecc.graph_opt.passes import (
     combine_parallel_dense,
     eliminate_common_subexpr,
@@ -339,6 +346,13 @@ def _evaluator_cases() -> list[tuple[str, list[np.ndarray], dict]]:
               ("strided_slice", [a], {"begin": (1, -3), "end": (3, 4), "strides": (1, 2),
                                       "axes": (1, 2)}),
               ("concatenate", [a, a * 2], {"axis": -1})]
+    # the GPU Winograd transforms, partial tiles (7 rows, 6 columns) and uneven padding
+    image = rand((2, 3, 7, 6), 25)
+    for tile in (2, 4):
+        attrs = {"tile": tile, "padding": (1, 0, 2, 1), "out_shape": (2, 8, 5)}
+        points = ((8 + tile - 1) // tile) * ((5 + tile - 1) // tile) * 2
+        cases += [("nn.winograd_input", [image], attrs),
+                  ("nn.winograd_output", [rand(((tile + 2) ** 2, 4, points), 26)], attrs)]
     return cases
 
 
@@ -689,3 +703,46 @@ def test_simplify_reduce_keepdims_then_reshape():
     # a reshape that does more than drop the kept dims stays
     other = Function([x], call("reshape", pooled, newshape=(16,)))
     assert op_counts(simplify(other)) == {"mean": 1, "reshape": 1}
+
+
+# ---------------------------------------------------------------- winograd_gpu
+
+
+def _conv_chain(x: Expr, seed: int) -> Expr:
+    """Eligible 3x3 layers (64 channels, 12x10 and 11x10 planes: partial F(4x4) tiles)
+    between a 1x1 conv, a stride-2 3x3 conv and a narrow one, which stay direct."""
+    def conv(inp: Expr, cout: int, k: int, s: int, pad: tuple, seed: int) -> Call:
+        w = const(rand((cout, inp.shape[1], k, k), seed) * 0.1)
+        return call("nn.conv2d", inp, w, strides=(s, s), padding=pad)
+
+    y = call("relu", call("nn.bias_add", conv(x, 64, 3, 1, (1, 1, 1, 1), seed),
+                          const(rand((64,), seed + 1)), axis=1))
+    y = call("add", conv(y, 64, 3, 1, (1, 0, 0, 1), seed + 2), const(rand((64, 1, 1), seed + 3)))
+    y = conv(y, 64, 1, 1, (0, 0, 0, 0), seed + 4)
+    y = conv(y, 64, 3, 2, (1, 1, 1, 1), seed + 5)
+    return conv(y, 16, 3, 1, (1, 1, 1, 1), seed + 6)
+
+
+def test_winograd_gpu_rewrites_the_eligible_3x3_convs_and_keeps_their_values():
+    x = var("x", (2, 64, 12, 10))
+    before = Function([x], _conv_chain(x, 40))
+    with PassContext(target="cuda:sm_90"):
+        after = run_passes(before, [get_pass("winograd_gpu")])
+    counts = op_counts(after)
+    assert counts["nn.winograd_input"] == counts["nn.winograd_output"] == 2, counts
+    assert counts["nn.matmul"] == 2 and counts["nn.conv2d"] == 3, counts
+    # F(4x4)'s transforms in float32: a little further from the direct sum than 1e-5
+    assert_same_outputs(before, after, rtol=1e-4, atol=1e-4)
+    (want,) = run_ir(before, random_inputs(before))
+    (fast,) = evaluate_function(after, random_inputs(before))
+    np.testing.assert_allclose(fast, want, rtol=1e-4, atol=1e-4)
+
+
+def test_winograd_gpu_leaves_cpu_targets_and_the_direct_choice_alone():
+    x = var("x", (1, 64, 16, 16))
+    before = Function([x], _conv_chain(x, 50))
+    with PassContext(target="llvm"):
+        assert run_passes(before, [get_pass("winograd_gpu")]) is before
+    direct = TuningCallbacks(gpu_winograd_tile=lambda conv, info: 0)
+    with PassContext(target="cuda:sm_90", tuning=direct):
+        assert op_counts(run_passes(before, [get_pass("winograd_gpu")]))["nn.conv2d"] == 5

@@ -452,6 +452,136 @@ OPS.register("nn.conv2d_NCHWc", _conv2d_nchwc_rel, Pattern.OUT_ELEMWISE_FUSABLE,
              doc="conv2d on channel-blocked data with a kernel packed at compile time")
 
 
+# ---------------------------------------------------------------- GPU Winograd
+
+
+def _winograd_geometry(attrs: Attrs) -> tuple[int, int, int, int, int, int]:
+    """(m, alpha, n, th, tw, P) of a GPU Winograd op: F(m x m, 3 x 3), the images and
+    the output's rows and columns of m x m tiles, P = n x th x tw."""
+    m = attrs["tile"]
+    n, oh, ow = attrs["out_shape"]
+    th, tw = -(-oh // m), -(-ow // m)
+    return m, m + 2, n, th, tw, n * th * tw
+
+
+def _winograd_input_rel(types: list[Type], attrs: Attrs) -> Type:
+    """data [N, C, H, W] -> V [alpha^2, C, P]: B^T d B of every (padded) input tile."""
+    data, = arity(types, 1)
+    if data.ndim != 4 or attrs["tile"] not in WINOGRAD_MATRICES:
+        raise IRTypeError(f"winograd_input: data {data.shape} (NCHW) with tile "
+                          f"{attrs['tile']} (one of {sorted(WINOGRAD_MATRICES)})")
+    n, c, h, w = data.shape
+    pt, pl, pb, pr = pads4(attrs["padding"])
+    if tuple(attrs["out_shape"]) != (n, h + pt + pb - 2, w + pl + pr - 2):
+        raise IRTypeError(f"winograd_input: out_shape {attrs['out_shape']} is not a 3x3 "
+                          f"conv's of data {data.shape} with padding {attrs['padding']}")
+    _, alpha, _, _, _, p = _winograd_geometry(attrs)
+    return TensorType((alpha * alpha, c, p), data.dtype)
+
+
+def _winograd_output_rel(types: list[Type], attrs: Attrs) -> Type:
+    """M [alpha^2, OC, P] -> Y [N, OC, OH, OW]: A^T M A of every tile, gathered."""
+    gemm, = arity(types, 1)
+    m, alpha, n, _, _, p = _winograd_geometry(attrs)
+    if gemm.ndim != 3 or gemm.shape[0] != alpha * alpha or gemm.shape[2] != p:
+        raise IRTypeError(f"winograd_output: input {gemm.shape} is not [{alpha * alpha}, OC, "
+                          f"{p}] for tile {m} and out_shape {attrs['out_shape']}")
+    _, oh, ow = attrs["out_shape"]
+    return TensorType((n, gemm.shape[1], oh, ow), gemm.dtype)
+
+
+def _winograd_input_compute(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
+    """Two separable alpha-point passes per input tile (d B, then B^T (d B)); the
+    second block is the anchor, "winograd_input"."""
+    from tvm.topi.nn.winograd_util import const_matrix
+
+    data, = args
+    m, alpha, _, th, tw, p = _winograd_geometry(attrs)
+    _, c, h, w = te_shape(data)
+    pt, pl, _, _ = pads4(attrs["padding"])
+    # zeros as far as the last (partly outside) tile reaches
+    data = _spatial_pad(data, [pt, pl], [th * m + 2 - h - pt, tw * m + 2 - w - pl],
+                        "winograd_pad")
+    d = out_tensor(out_type).dtype
+    mat_b = const_matrix(WINOGRAD_MATRICES[m][1].astype(d), "winograd_B")
+    ra = te.reduce_axis((0, alpha), name="ra")
+    rb = te.reduce_axis((0, alpha), name="rb")
+
+    def rows(ch, q, a, nu):
+        img, y, x = q // (th * tw), q % (th * tw) // tw, q % tw
+        return te.sum(data[img, ch, y * m + a, x * m + rb].astype(d) * mat_b[rb, nu], axis=rb)
+
+    dv = te.compute((c, p, alpha, alpha), rows, name="winograd_input_rows")
+    return te.compute(
+        (alpha * alpha, c, p),
+        lambda i, ch, q: te.sum(mat_b[ra, i // alpha] * dv[ch, q, ra, i % alpha], axis=ra),
+        name="winograd_input", attrs={ANCHOR_ATTR: "winograd_input"})
+
+
+def _winograd_output_compute(args: list[te.Tensor], attrs: Attrs, out_type: Type
+                             ) -> te.Tensor:
+    """A^T M A per tile in two alpha-point passes (the second block is the anchor,
+    "winograd_output"), then the tiles gathered into NCHW (the epilogue follows it)."""
+    from tvm.topi.nn.winograd_util import const_matrix
+
+    gemm, = args
+    m, alpha, _, th, tw, _ = _winograd_geometry(attrs)
+    _, oc, _ = te_shape(gemm)
+    out = out_tensor(out_type)
+    mat_a = const_matrix(WINOGRAD_MATRICES[m][0].astype(out.dtype), "winograd_A")
+    sa = te.reduce_axis((0, alpha), name="sa")
+    sb = te.reduce_axis((0, alpha), name="sb")
+    out_rows = te.compute(
+        (oc, gemm.shape[2], alpha, m),
+        lambda k, q, a, x: te.sum(gemm[a * alpha + sb, k, q] * mat_a[sb, x], axis=sb),
+        name="winograd_output_rows")
+    tiles = te.compute(
+        (oc, gemm.shape[2], m, m),
+        lambda k, q, y, x: te.sum(mat_a[sa, y] * out_rows[k, q, sa, x], axis=sa),
+        name="winograd_output", attrs={ANCHOR_ATTR: "winograd_output"})
+    return te.compute(
+        out.shape,
+        lambda b, k, y, x: tiles[k, b * th * tw + y // m * tw + x // m, y % m, x % m],
+        name="winograd_gather")
+
+
+def winograd_input_numpy(data: np.ndarray, attrs: Attrs) -> np.ndarray:
+    m, alpha, n, th, tw, p = _winograd_geometry(attrs)
+    pt, pl, _, _ = pads4(attrs["padding"])
+    _, c, h, w = data.shape
+    padded = np.zeros((n, c, th * m + 2, tw * m + 2), np.float64)
+    padded[:, :, pt:pt + h, pl:pl + w] = data
+    # every alpha x alpha input tile, [n, c, th, tw, alpha, alpha]
+    tiles = np.lib.stride_tricks.sliding_window_view(padded, (alpha, alpha), axis=(2, 3))
+    tiles = tiles[:, :, ::m, ::m][:, :, :th, :tw]
+    b = WINOGRAD_MATRICES[m][1]
+    v = np.einsum("ae,ncyxab,bu->eucnyx", b, tiles, b)
+    return v.reshape(alpha * alpha, c, p).astype(data.dtype)
+
+
+def winograd_output_numpy(gemm: np.ndarray, attrs: Attrs) -> np.ndarray:
+    m, alpha, n, th, tw, _ = _winograd_geometry(attrs)
+    _, oh, ow = attrs["out_shape"]
+    oc = gemm.shape[1]
+    a = WINOGRAD_MATRICES[m][0]
+    g = gemm.astype(np.float64).reshape(alpha, alpha, oc, n, th, tw)
+    y = np.einsum("ay,abknij,bx->nkiyjx", a, g, a).reshape(n, oc, th * m, tw * m)
+    return np.ascontiguousarray(y[:, :, :oh, :ow]).astype(gemm.dtype)
+
+
+WINOGRAD_ATTRS = {"tile": REQUIRED, "padding": (1, 1, 1, 1), "out_shape": REQUIRED}
+OPS.register("nn.winograd_input", _winograd_input_rel, Pattern.COMM_REDUCE, 1,
+             attrs=WINOGRAD_ATTRS, compute=_winograd_input_compute,
+             evaluate=lambda args, attrs, ty: winograd_input_numpy(args[0], attrs),
+             doc="Winograd F(m x m, 3 x 3)'s input transform of a 3x3 conv on the GPU: "
+                 "[N, C, H, W] -> [alpha^2, C, P], for a batch_matmul over alpha^2 points")
+OPS.register("nn.winograd_output", _winograd_output_rel, Pattern.OUT_ELEMWISE_FUSABLE, 1,
+             attrs=WINOGRAD_ATTRS, compute=_winograd_output_compute,
+             evaluate=lambda args, attrs, ty: winograd_output_numpy(args[0], attrs),
+             doc="Winograd F(m x m, 3 x 3)'s output transform: [alpha^2, OC, P] -> "
+                 "[N, OC, OH, OW], the conv's epilogue fused after it")
+
+
 # ---------------------------------------------------------------- nn.bias_add
 
 

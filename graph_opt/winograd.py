@@ -33,8 +33,8 @@ if TYPE_CHECKING:
 # The untuned rule (H200, fp32, TF32 off; benchmarks/results/gpu_winograd.md):
 # Winograd where a layer has at least this many input and output channels and output
 # rows and columns.
-GPU_WINOGRAD_MIN_CHANNELS = 64
-GPU_WINOGRAD_MIN_PLANE = 8
+GPU_WINOGRAD_MIN_CHANNELS = 32
+GPU_WINOGRAD_MIN_PLANE = 7
 GPU_WINOGRAD_TILE = 4
 
 

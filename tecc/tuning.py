@@ -50,7 +50,7 @@ from tecc.autotune.records import (
     workload_key,
 )
 from tecc.canonical import canonical_json
-from tecc.frontend.ir import Call, Constant, Function, post_order
+from tecc.frontend.ir import Call, Constant, Function
 from tecc.graph_opt.layout import WINOGRAD_DEFAULT_TILE, default_winograd_tile, winograd_eligible
 from tecc.graph_opt.pass_manager import PassContext, TuningCallbacks
 from tecc.graph_opt.pipeline import optimize
@@ -155,8 +155,8 @@ class TuningContext:
         if direct.cost_s is None or not isinstance(call.args[1], Constant):
             return default
         tile = default or GPU_WINOGRAD_TILE
-        kernels = [n for n in post_order(winograd_conv(call, call.args[0], call.args[1], tile))
-                   if isinstance(n, Call)]
+        out = winograd_conv(call, call.args[0], call.args[1], tile)
+        kernels = [out.args[0].args[1], out.args[0], out]  # input transform, GEMM, output
         costs = []
         for kernel in kernels:
             kind = {"nn.matmul": "batch_matmul"}.get(str(kernel.op), str(kernel.op)[3:])

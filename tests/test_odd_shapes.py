@@ -14,6 +14,7 @@ import tvm
 from tecc.autotune.features import FeatureCache
 from tecc.graph_opt.dense_pack import pack_dense_weight, unpack_dense_weight
 from tecc.schedules.tasks import task_from_workload
+from tecc.schedules.templates_dense import register_tile_rows
 
 import tecc
 from tecc.target import resolve_target, target_info
@@ -94,19 +95,23 @@ def test_spaces_offer_vector_tiles_for_odd_n():
         n = workload["inputs"][1][0][-2 if workload["template"] == "dense" else -1]
         assert [t for t in tiles if n % t == 0][:1] == [tiles[0]]  # divisors first
         fallback = task.fallback_config()
-        assert fallback["tile_n"] % LANES == 0 and fallback["tile_m"] == 8
+        # a tall row tile: as many rows as the vector registers hold (8 on AVX-512's
+        # 32 registers, 6 on AVX2's 16 with two-vector columns)
+        assert fallback["tile_n"] % LANES == 0
+        assert fallback["tile_m"] == register_tile_rows(197, fallback["tile_n"], LANES) >= 6
 
 
 def test_old_configs_apply_or_are_refused():
-    """A config tuned before (tile_n dividing N, say 25 of 1000) still builds and
-    computes; one naming a tile no space has is refused by name."""
-    workload = _mm("dense", [50, 32], [1000, 32])
-    old = _config(workload, tile_n=25, tile_m=6)
+    """A config tuned before (tile_n dividing N, say 13 of 1001: no vector divides it
+    on AVX2 or AVX-512) still builds and computes; one naming a tile no space has is
+    refused by name."""
+    workload = _mm("dense", [50, 32], [1001, 32])
+    old = _config(workload, tile_n=13, tile_m=6)
     _run_configs(workload, [old])
     task = task_from_workload(workload, TARGET)
-    assert not task.space.contains({**old, "tile_n": 7})
+    assert not task.space.contains({**old, "tile_n": 9})
     with pytest.raises(ValueError, match="tile_n"):
-        task.config({**old, "tile_n": 7})
+        task.config({**old, "tile_n": 9})
 
 
 def test_features_of_padded_configs():

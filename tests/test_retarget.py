@@ -209,6 +209,16 @@ def _conv_and_depthwise(info, model, inputs):
     return tasks["conv2d_NCHWc"], tasks["depthwise_conv2d_NCHWc"]
 
 
+def _two_other_blocks(conv, depthwise) -> tuple[int, int]:
+    """Two channel blocks, the larger first, that neither fallback uses (the blocks
+    offered and the fallbacks' depend on the vector width)."""
+    blocks = [k for k in conv.space.knobs if k.name == "oc_bn"][0].options
+    others = [b for b in blocks if b not in (conv.fallback_config()["oc_bn"],
+                                            depthwise.fallback_config()["c_bn"])]
+    assert len(others) >= 2, (blocks, others)
+    return max(others), min(others)
+
+
 def _write_retarget_record(path, info, task, config, cost):
     """One record of a retarget session on this target appended to `path`."""
     from tecc.autotune.records import Record, RecordWriter
@@ -229,9 +239,7 @@ def test_the_layout_chain_plan_asks_for_the_configs_that_spare_block_changes(tmp
     model, inputs = conv_depthwise_example()
     info = target_info("llvm")
     conv, depthwise = _conv_and_depthwise(info, model, inputs)
-    blocks = [k for k in conv.space.knobs if k.name == "oc_bn"][0].options
-    written, read = max(blocks), min(blocks)
-    assert depthwise.fallback_config()["c_bn"] not in (written, read)
+    written, read = _two_other_blocks(conv, depthwise)
     conv_best = dict(conv.fallback_config().to_json(), oc_bn=written)
     dw_best = dict(depthwise.fallback_config().to_json(), c_bn=read)
     path = tmp_path / "local.jsonl"
@@ -268,8 +276,7 @@ def foreign_chain(tmp_path_factory):
     model, inputs = conv_depthwise_example()
     info = target_info("llvm")
     conv, depthwise = _conv_and_depthwise(info, model, inputs)
-    blocks = [k for k in conv.space.knobs if k.name == "oc_bn"][0].options
-    written, read = max(blocks), min(blocks)
+    written, read = _two_other_blocks(conv, depthwise)
     other = dict(info.to_json(), **{"num-cores": info.cores + 1})
     path = tmp_path_factory.mktemp("chain") / "foreign.jsonl"
     with open(path, "w") as f:
@@ -357,8 +364,7 @@ def test_the_layout_chain_plan_asks_for_the_best_config_with_the_producers_block
     model, inputs = conv_depthwise_example()
     info = target_info("llvm")
     conv, depthwise = _conv_and_depthwise(info, model, inputs)
-    blocks = [k for k in conv.space.knobs if k.name == "oc_bn"][0].options
-    written, read = max(blocks), min(blocks)
+    written, read = _two_other_blocks(conv, depthwise)
     path = tmp_path / "local.jsonl"
     _write_retarget_record(path, info, conv,
                            dict(conv.fallback_config().to_json(), oc_bn=written), 1e-5)

@@ -112,7 +112,15 @@ def cuda_ms(fns: dict[str, Callable[[], object]], rounds: int = 7, per_round: in
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    compare_schedules(groups, "gpu_reduce", "BERT-base row kernels on the GPU (fp32, ms per call)",
+                      "seq 128, hidden 768, 12 heads")
+
+
+def compare_schedules(make_groups: Callable, table: str, title: str, setting: str) -> None:
+    """The command line of a template-against-dlight benchmark: `make_groups(batch)`
+    gives (name, IR function maker, inputs, torch reference or None) per group; a group
+    without a reference is timed under dlight only. Writes results/`table`.md."""
+    parser = argparse.ArgumentParser(description=title)
     parser.add_argument("--batches", default="1,16")
     parser.add_argument("--arch", default=None, help="sm_XX (default: the GPU's, else sm_90)")
     parser.add_argument("--dry-run", action="store_true", help="build only")
@@ -124,7 +132,7 @@ def main() -> None:
     target = resolve_target(f"cuda:{arch}")
     rows, notes = [], []
     for batch in (int(b) for b in args.batches.split(",")):
-        for name, make, inputs, reference in groups(batch):
+        for name, make, inputs, reference in make_groups(batch):
             func = make()
             libs = {"dlight": build(func, "dlight", target)}
             if reference is not None:
@@ -135,15 +143,15 @@ def main() -> None:
             if args.dry_run:
                 continue
             rows.append(measure(batch, name, func, libs, inputs, reference))
+            print(rows[-1], flush=True)
     if args.dry_run:
         print("built every kernel (dry run: nothing timed)")
         return
-    write_table("gpu_reduce", "BERT-base row kernels on the GPU (fp32, ms per call)",
+    write_table(table, title,
                 ["batch", "group", "tecc template", "dlight", "torch", "tecc / dlight",
                  "tecc / torch", "max abs error"], rows,
                 [f"{torch.cuda.get_device_name()}, torch {torch.__version__}; medians of 7 "
-                 "rounds of 50 calls (CUDA events); seq 128, hidden 768, 12 heads. Configs:",
-                 *notes])
+                 f"rounds of 50 calls (CUDA events); {setting}. Configs:", *notes])
 
 
 def measure(batch: int, name: str, func, libs: dict, inputs: list[torch.Tensor],

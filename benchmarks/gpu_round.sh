@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # One round on a CUDA machine, from the repository root, with tecc and TVM importable
-# (PYTHONPATH): `tests` runs the CUDA, GPU-tuning and GPU-reduction tests against torch
-# on the GPU, `bench ARGS` runs benchmarks/e2e_gpu.py with ARGS, `gemm` the matmul
-# template's tiles, `winograd` Winograd against the direct conv per layer, `reduce` the row-reduction templates against dlight and torch,
+# (PYTHONPATH): `tests` runs the CUDA, GPU-tuning, GPU-reduction and GPU-injective
+# tests against torch on the GPU, `bench ARGS` runs benchmarks/e2e_gpu.py with ARGS,
+# `gemm` the matmul template's tiles, `winograd` Winograd against the direct conv per
+# layer, `reduce` and `injective` the row-reduction and injective templates against
+# dlight and torch,
 # `efficiency ARGS` benchmarks/tuner_efficiency.py --target cuda, `tune RECORDS
 # MODEL:TRIALS...` tunes each model for cuda into RECORDS (a copy goes to $OUT after
 # each). Logs and results go to $OUT when it is set. `bench` merges its rows into the
@@ -22,6 +24,7 @@ case "${1:-}" in
     root=$PWD
     (cd /tmp && python3 -m pytest -q -p no:cacheprovider --import-mode=append --timeout=600 \
       "$root/tests/test_cuda.py" "$root/tests/test_gpu_tuning.py" "$root/tests/test_gpu_reduce.py" \
+      "$root/tests/test_gpu_injective.py" \
       "$@") 2>&1 | tee "$OUT/tests.log";;
   bench)
     shift
@@ -36,6 +39,10 @@ case "${1:-}" in
     shift
     python3 benchmarks/gpu_winograd.py "$@" 2>&1 | tee "$OUT/winograd.log"
     cp benchmarks/results/gpu_winograd.md "$OUT/";;
+  injective)
+    shift
+    python3 benchmarks/gpu_injective.py "$@" 2>&1 | tee "$OUT/gpu_injective.log"
+    cp benchmarks/results/gpu_injective.md "$OUT/";;
   reduce)
     shift
     python3 benchmarks/gpu_reduce.py "$@" 2>&1 | tee "$OUT/gpu_reduce.log"
@@ -61,7 +68,7 @@ case "${1:-}" in
       cp "$records" "$OUT/"
     done;;
   *) echo "usage: gpu_round.sh tests [pytest args] | bench [e2e_gpu args] | gemm [args] |" \
-          "reduce [args] | winograd [args] |" \
+          "reduce [args] | injective [args] | winograd [args] |" \
           "efficiency [args] | tune RECORDS MODEL:TRIALS..." >&2
      exit 2;;
 esac

@@ -4,7 +4,8 @@ In order:
 1. anchors ("tecc.anchor") with a template registered for target kind "cuda"
    (schedules/template.py; the GPU templates live in schedules/gpu_templates.py) get
    it, on a copy of the schedule, with the chosen config or the template's fallback;
-   the template schedules the whole group (anchor, fused epilogue, padding);
+   the template schedules the whole group (anchor, fused epilogue, padding); a
+   group of injective ops only gets the injective template (gpu_injective.py);
 2. a group no template scheduled gets TVM's generic GPU rules (dlight: Matmul, GEMV,
    reductions, the fallback for everything spatial);
 3. any block still not bound to blocks and threads gets a plain binding here (its
@@ -23,12 +24,14 @@ from typing import Any
 import tvm
 from tecc.schedules.blocks import (
     anchor_kind,
+    block_name,
+    injective_anchor,
     inline_injective,
     is_reduction,
     output_names,
     root_blocks,
 )
-from tecc.schedules.template import ScheduleContext, templates_for
+from tecc.schedules.template import INJECTIVE_KIND, ScheduleContext, templates_for
 from tvm.s_tir.schedule import Schedule
 
 from tecc.target import target_info
@@ -54,6 +57,11 @@ def gpu_schedule(sch: Schedule, target: tvm.target.Target, choose=None,
     anchors = [(sch.get(b).name_hint, anchor_kind(sch, b)) for b in root_blocks(sch)]
     anchors = [(name, kind) for name, kind in anchors if kind is not None]
     result = None
+    group = injective_anchor(sch) if not anchors else None
+    if group is not None and INJECTIVE_KIND in templates:
+        name = block_name(sch, group)
+        result = apply_gpu_template(sch, name, INJECTIVE_KIND, templates[INJECTIVE_KIND],
+                                    target, choose, (workloads or {}).get(name), applied)
     for name, kind in anchors:
         template = templates.get(kind)
         if template is not None:

@@ -67,6 +67,7 @@ TEMPLATE_MODULES = (
     "tecc.schedules.gpu_templates",
     "tecc.schedules.gpu_reduce",
     "tecc.schedules.gpu_winograd",
+    "tecc.schedules.gpu_injective",
 )
 # The anchor kind of a group of injective ops (it has no "tecc.anchor" block).
 INJECTIVE_KIND = "injective"

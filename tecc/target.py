@@ -116,6 +116,17 @@ def host_llvm_cpu() -> str:
     return str(codegen.llvm_get_system_cpu())
 
 
+def host_absent_features(config: Mapping[str, Any]) -> list[str]:
+    """The instruction-set features the host's CPU name implies to LLVM but this host
+    does not report (a virtual machine that hides AMX from an Emerald Rapids guest):
+    the host target turns them off, so its code, and the package's manifest, never
+    need them."""
+    have = cpu.host_cpuinfo_flags()
+    if have is None:
+        return []
+    return cpu.missing_on_host(_llvm_features(tvm.target.Target(dict(config))), have)
+
+
 def _cpu_info(target: tvm.target.Target) -> TargetInfo:
     mcpu = str(_attr(target, "mcpu") or "")
     triple = str(_attr(target, "mtriple") or "")
@@ -202,6 +213,9 @@ def resolve_target(spec: str | Mapping[str, Any] | tvm.target.Target | TargetInf
             config["num-cores"] = cpu.host_cores()
             if cpu.host_machine() == "aarch64":
                 config["mtriple"] = "aarch64-linux-gnu"
+            absent = host_absent_features(config)
+            if absent:
+                config["mattr"] = [f"-{f}" for f in absent]
         return tvm.target.Target(config)
     if kind == "cuda":
         arch = detail or DEFAULT_CUDA_ARCH
@@ -218,7 +232,7 @@ def target_from_json(data: Mapping[str, Any]) -> tvm.target.Target:
     manifest's target). A CPU LLVM does not know is an error, as in resolve_target."""
     kind = str(data.get("kind") or "llvm")
     config: dict[str, Any] = {"kind": kind}
-    for key in ("mcpu", "num-cores", "arch", "mtriple"):
+    for key in ("mcpu", "num-cores", "arch", "mtriple", "mattr"):
         if data.get(key) is not None:
             config[key] = data[key]
     if kind == "llvm" and config.get("mcpu"):
@@ -238,4 +252,7 @@ def target_to_json(target: tvm.target.Target) -> dict[str, Any]:
         value = _attr(target, key)
         if value is not None:
             out[key] = int(value) if key == "num-cores" else str(value)
+    mattr = _attr(target, "mattr")
+    if mattr:  # features turned off (host_absent_features)
+        out["mattr"] = [str(f) for f in mattr]
     return out

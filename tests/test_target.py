@@ -27,6 +27,26 @@ def test_the_host_is_named_by_llvm_and_can_run_its_own_code():
     assert host.features and host.features <= set(cpu.LLVM_TO_CPUINFO)
 
 
+def test_the_host_turns_off_what_its_cpu_name_implies_but_it_lacks(monkeypatch):
+    # a virtual machine that LLVM names sapphirerapids but that hides AMX from its guest
+    import tecc.target as target_module
+
+    implied = target_info("llvm:sapphirerapids").features
+    assert {"amx-tile", "amx-bf16", "amx-int8"} <= implied
+    flags = {cpu.LLVM_TO_CPUINFO[f] for f in implied if not f.startswith("amx")}
+    monkeypatch.setattr(target_module, "host_llvm_cpu", lambda: "sapphirerapids")
+    monkeypatch.setattr(cpu, "host_cpuinfo_flags", lambda: frozenset(flags))
+    target = resolve_target("llvm")
+    host = target_info(target)
+    assert host.cpu == "sapphirerapids" and host.is_host
+    assert not {f for f in host.features if f.startswith("amx")}
+    assert "avx512fp16" in host.features and cpu.missing_on_host(host.features, flags) == []
+    # the features travel with the target into records and manifests
+    data = target_to_json(target)
+    assert data["mattr"] == ["-amx-tile", "-amx-bf16", "-amx-int8"]
+    assert target_info(target_from_json(data)).features == host.features
+
+
 def test_named_cpus_get_llvms_features_and_no_host_readings():
     zen4 = target_info("llvm:znver4")
     assert {"avx512f", "avx512bw", "avx512vl", "avx512bf16"} <= zen4.features

@@ -8,6 +8,10 @@ relative error of the backend's outputs against eager, and latency (median ms ov
 interleaved rounds) of each framework with tecc untuned (fallback configs).
 
     python benchmarks/zoo.py [--models resnet18,gpt2_cache] [--threads 2] [--resume] [--list]
+
+Results go to results/zoo_<cpu>.md and .json, <cpu> as LLVM names this host
+(emeraldrapids, znver4): ONNX Runtime's and eager's times differ most between hosts,
+so each host keeps its own table.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ sys.path.append(str(Path(__file__).resolve().parents[1]))
 import tecc  # noqa: E402
 from benchmarks.common import RESULTS, host_line, interleaved_ms, write_table  # noqa: E402
 from benchmarks.e2e_cpu import onnxruntime_session  # noqa: E402
+from tecc.target import target_info  # noqa: E402
 from tests.util import max_rel_error  # noqa: E402
 
 IMAGE = 224
@@ -391,7 +396,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--models", default=",".join(m.name for m in ZOO))
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--output", default="zoo")
+    parser.add_argument("--output", default=None,
+                        help="results name (default zoo_<this CPU as LLVM names it>: the "
+                             "figures move with the host, so each host keeps its table)")
     parser.add_argument("--resume", action="store_true",
                         help="keep the rows of results/OUTPUT.json, measure the other models")
     parser.add_argument("--list", action="store_true", help="list the models and exit")
@@ -405,6 +412,7 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown models {unknown}; --list shows them")
     torch.set_num_threads(args.threads)
+    args.output = args.output or f"zoo_{target_info('llvm').cpu}"
     store = RESULTS / f"{args.output}.json"
     saved = json.loads(store.read_text()) if args.resume and store.exists() else {
         "rows": [], "wall_s": 0.0}

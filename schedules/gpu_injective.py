@@ -64,6 +64,9 @@ class GpuInjectiveTemplate(Template):
     def apply(self, ctx: ScheduleContext, config: Config) -> Schedule:
         sch = ctx.sch
         inline_injective(sch)
+        if config["vector"] not in vector_options(sch):
+            # lanes that do not divide a last axis would put the bound test in the vector
+            raise ValueError(f"{config['vector']} lanes do not fit this group's buffers")
         for block in _spatial_blocks(sch):
             schedule_flat(sch, block, config["threads"], config["vector"])
         return sch

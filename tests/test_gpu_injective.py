@@ -135,6 +135,16 @@ def test_injective_template_builds_every_lane_and_thread_choice(config):
     _build_and_check(func, reference, config, config["vector"])
 
 
+def test_injective_template_refuses_lanes_that_do_not_divide_the_last_axis():
+    func, _ = odd_last_axis()
+    prim, applied = lower_primitive(func, "k", resolve_target(f"cuda:{ARCH}"),
+                                    {"threads": 64, "vector": 4}, return_info=True)
+    # 4 lanes are no point of this group's space: the fallback (scalar lanes) schedules it
+    assert [(a.template, a.source, a.config["vector"]) for a in applied] == [
+        ("injective", "fallback", 1)], applied
+    check_bound(prim, "k")
+
+
 def test_injective_fallback_keeps_every_multiprocessor_busy():
     assert fallback_values(16 * 128 * 768, 4, 132) == {"threads": 256, "vector": 4}
     # 8192 vectors: 256-thread blocks would leave 100 of 132 multiprocessors idle

@@ -57,7 +57,7 @@ def gpu_schedule(sch: Schedule, target: tvm.target.Target, choose=None,
     anchors = [(sch.get(b).name_hint, anchor_kind(sch, b)) for b in root_blocks(sch)]
     anchors = [(name, kind) for name, kind in anchors if kind is not None]
     result = None
-    group = injective_anchor(sch) if not anchors else None
+    group = injective_anchor(sch)  # None where the group has an anchor
     if group is not None and INJECTIVE_KIND in templates:
         name = block_name(sch, group)
         result = apply_gpu_template(sch, name, INJECTIVE_KIND, templates[INJECTIVE_KIND],

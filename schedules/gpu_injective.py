@@ -1,7 +1,8 @@
 """The GPU template (target kind "cuda") of a group of injective ops (elementwise,
 broadcast, reshape, transpose, slices, concatenation): a kernel without an anchor.
 
-The group's intermediates are inlined into its output blocks; each output block's
+The group (blocks.injective_anchor: no anchor, no reduction) has its intermediates
+inlined into its output blocks; each output block's
 loops are fused into one flat index and split as
     blockIdx.x / threadIdx.x (threads) / vector lanes (vector, vectorized)
 The lanes split is exact (vector divides the output's last axis), so no predicate
@@ -23,7 +24,7 @@ import math
 from typing import Any
 
 from tecc.frontend.ir import Call
-from tecc.schedules.blocks import inline_injective, is_reduction, root_blocks, static_extents
+from tecc.schedules.blocks import inline_injective, root_blocks, static_extents
 from tecc.schedules.space import Config, ConfigSpace
 from tecc.schedules.template import INJECTIVE_KIND, ScheduleContext, Template, register_template
 from tecc.schedules.templates_injective import INJECTIVE
@@ -56,8 +57,8 @@ class GpuInjectiveTemplate(Template):
 
     def fallback(self, space: ConfigSpace, ctx: ScheduleContext) -> Config:
         sch = _inlined(ctx.sch)
-        total = max(_flat_size(sch, b) for b in _spatial_blocks(sch))
-        vector = max(vector_options(sch))
+        total = max(_flat_size(sch, b) for b in root_blocks(sch))
+        vector = max(next(k for k in space.knobs if k.name == "vector").options)
         return space.from_json(fallback_values(total, vector,
                                                ctx.info.multiprocessors or 108))
 
@@ -67,7 +68,7 @@ class GpuInjectiveTemplate(Template):
         if config["vector"] not in vector_options(sch):
             # lanes that do not divide a last axis would put the bound test in the vector
             raise ValueError(f"{config['vector']} lanes do not fit this group's buffers")
-        for block in _spatial_blocks(sch):
+        for block in root_blocks(sch):
             schedule_flat(sch, block, config["threads"], config["vector"])
         return sch
 
@@ -86,7 +87,7 @@ def vector_options(sch: Schedule) -> list[int]:
     """Lanes that divide the last axis of every output block, when every buffer of the
     kernel is 32-bit (other widths and booleans stay scalar: a 4-lane int64 or bool
     vector is no single transaction); [1] otherwise."""
-    blocks = _spatial_blocks(sch)
+    blocks = root_blocks(sch)
     buffers = [r.source for b in blocks for r in sch.get(b).reads]
     buffers += [w.source for b in blocks for w in sch.get(b).writes]
     if any(buf.dtype.bits != VECTOR_BITS or buf.dtype.lanes != 1 for buf in buffers):
@@ -119,10 +120,6 @@ def _inlined(sch: Schedule) -> Schedule:
     copy = sch.copy()
     inline_injective(copy)
     return copy
-
-
-def _spatial_blocks(sch: Schedule) -> list:
-    return [b for b in root_blocks(sch) if not is_reduction(sch, b)]
 
 
 def _flat_size(sch: Schedule, block) -> int:

@@ -24,7 +24,17 @@ from tecc.frontend.ir import (
     with_children,
 )
 from tecc.frontend.ops import Pattern, get_op
-from tecc.graph_opt.pass_manager import register_pass
+from tecc.graph_opt.pass_manager import PassContext, register_pass
+
+# Anchors whose GPU template normalizes its operands and stages them in shared memory
+# (schedules/gpu_matmul.py), inlining the fetch's producers there.
+LOAD_FUSING_ANCHORS = frozenset({"nn.dense", "nn.matmul"})
+
+
+def _fuses_loads() -> bool:
+    """Whether matmuls take their injective producers: GPU targets only."""
+    target = PassContext.current().target
+    return target is not None and target.is_gpu
 
 
 def is_primitive_call(expr: Expr) -> bool:
@@ -61,6 +71,11 @@ def primitive_per_op(func: Function) -> Function:
 #            elementwise/broadcast epilogue;
 #   phase 0-1: elementwise/broadcast ops fuse into an injective, reduction or
 #            anchor consumer; phase 1: injective chains fuse together.
+# On GPU targets, phase 1 also lets an injective group fuse into the matmul it
+# alone feeds (LOAD_FUSING_ANCHORS): the GEMM's shared-memory fetch reads the
+# producer's source through the composed index, so attention's head splits and
+# merges cost no kernel and no round trip through memory. On the CPU the
+# templates pack or pad their operands and were tuned on plain inputs: unchanged.
 # Calls producing tuples (split), tuples and tuple items stay at group borders.
 
 
@@ -101,6 +116,10 @@ def _edge_pattern(consumer: Expr, arg: Expr) -> Pattern:
     return kind
 
 
+def _is_load_fusing(node: Expr) -> bool:
+    return isinstance(node, Call) and node.op in LOAD_FUSING_ANCHORS
+
+
 def fuse_groups(func: Function, max_depth: int = 64) -> dict[int, int]:
     """Group the op calls of `func`: id(call) -> group number (shared by fused calls)."""
     nodes = post_order(func.body)
@@ -138,6 +157,7 @@ def fuse_groups(func: Function, max_depth: int = 64) -> dict[int, int]:
         depth[i] = depth[dom] + 1 if dom is not None else 1
 
     groups = [_Group(_pattern(n)) for n in nodes]
+    fuses_loads = _fuses_loads()
 
     def check_path(src: int, sink: int, fcond) -> bool:
         seen: set[int] = set()
@@ -206,8 +226,13 @@ def fuse_groups(func: Function, max_depth: int = 64) -> dict[int, int]:
             elif group.pattern == Pattern.INJECTIVE:
                 if phase != 1:
                     continue
-                ok = check_path(i, dom, lambda kind, is_sink: kind <= Pattern.INJECTIVE
-                                or is_sink and kind == Pattern.COMM_REDUCE)
+                into_load = fuses_loads and _is_load_fusing(nodes[dom]) \
+                    and consumers[i] == [dom]
+                ok = check_path(i, dom, lambda kind, is_sink, into_load=into_load:
+                                kind <= Pattern.INJECTIVE
+                                or is_sink and kind == Pattern.COMM_REDUCE
+                                or is_sink and into_load
+                                and kind == Pattern.OUT_ELEMWISE_FUSABLE)
             else:  # reductions and opaque ops end their group
                 continue
             if ok and path_size(i, dom) <= max_depth:

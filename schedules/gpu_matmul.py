@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 from tecc.schedules.blocks import reduction_loops
-from tvm import tirx
+from tvm import sym, tirx
 from tvm.s_tir import Schedule
 from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.dlight.gpu.matmul import (
@@ -39,16 +39,61 @@ from tvm.s_tir.dlight.gpu.matmul import (
 
 def _contiguous_axis(sch: Schedule, block: Any, index: int) -> str | None:
     """Whether the read `index` of the matmul block walks memory with unit stride
-    along a spatial axis ("s": i for A, j for B) or along k ("k"), from the iter vars
-    of its last index (None: a constant)."""
+    along a spatial axis ("s": i for A, j for B) or along k ("k"). Where the operand
+    is computed in the kernel (a head split fused into attention's matmul: it is
+    inlined into the fetch), the memory is its source's, read through the composed
+    index; else the operand's own last index."""
     stmt = sch.get(block)
-    region = stmt.reads[index].region
-    last = region[-1].min
     kinds = {iv.var: ("k" if iv.iter_type == tirx.IterVar.CommReduce else "s")
              for iv in stmt.iter_vars}
+    source = _source_index(sch, block, index, kinds)
+    if source is not None:
+        return source
+    last = stmt.reads[index].region[-1].min
     used = {kinds[v] for v in tirx.analysis.undefined_vars(last) if v in kinds}
     # conv's im2col reads x[.., oh * s + kh, ow * s + kw]: unit stride along ow
     return "s" if "s" in used else "k" if used else None
+
+
+def _source_index(sch: Schedule, block: Any, index: int,
+                  kinds: dict[Any, str]) -> str | None:
+    """The contiguous axis of operand `index` in the memory of the one buffer its
+    producers read, or None where it has no producer, or several sources, or is not
+    read at plain loop indices. A unit stride along an own spatial axis wins over
+    one along k; without a provable unit stride, the axes the last index uses
+    (batch axes, read by both operands, do not count)."""
+    stmt = sch.get(block)
+    reads = stmt.reads
+    region = reads[index].region
+    if not all(isinstance(r.min, tirx.Var) for r in region):
+        return None
+    buffer = reads[index].source
+    if not any(buffer.same_as(w.source) for b in sch.get_child_blocks(get_root_block(sch))
+               for w in sch.get(b).writes):
+        return None  # a parameter of the kernel: its own layout is the memory's
+    other = {v for r in reads[1 - index].region for v in tirx.analysis.undefined_vars(r.min)}
+    axis_kinds = ["batch" if r.min in other and kinds.get(r.min) == "s"
+                  else kinds.get(r.min) for r in region]
+    probe = sch.copy()
+    fetch = probe.cache_read(block, index, "shared")
+    auto_inline_producers(probe, fetch)
+    fetched = probe.get(fetch)
+    if len(fetched.reads) != 1:
+        return None
+    analyzer = sym.Analyzer()
+    for iv in fetched.iter_vars:
+        analyzer.bind(iv.var, iv.dom)
+    last = analyzer.simplify(fetched.reads[0].region[-1].min)
+    axis_vars = [iv.var for iv in fetched.iter_vars]
+    unit = set()
+    for var, kind in zip(axis_vars, axis_kinds, strict=True):
+        coefficients = sym.detect_linear_equation(last, [var])
+        if len(coefficients) == 2 and analyzer.can_prove_equal(coefficients[0], 1):
+            unit.add(kind)
+    if not unit:
+        used = set(tirx.analysis.undefined_vars(last))
+        unit = {kind for var, kind in zip(axis_vars, axis_kinds, strict=True) if var in used}
+    return "s" if "s" in unit else "k" if "k" in unit else None
 
 
 def _by_thread(tile_x: int, tile_k: int, inner_is_x: bool, per_step: int) -> Any:

@@ -97,6 +97,42 @@ def test_model_builds_for_cuda_and_matches_torch(name, tmp_path):
 
 
 
+class HeadAttention(torch.nn.Module):
+    """Self-attention with one fused q/k/v projection, the heads split and merged by
+    views: the layout ops a GPU matmul takes into its shared-memory fetch."""
+
+    def __init__(self, heads: int, dim: int) -> None:
+        super().__init__()
+        self.heads, self.dim = heads, dim
+        self.qkv = torch.nn.Linear(heads * dim, 3 * heads * dim)
+        self.out = torch.nn.Linear(heads * dim, heads * dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, seq, _ = x.shape
+        q, k, v = self.qkv(x).view(batch, seq, 3, self.heads, self.dim).unbind(2)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        scores = (q / self.dim ** 0.5) @ k.transpose(-1, -2)
+        merged = (scores.softmax(-1) @ v).transpose(1, 2).reshape(batch, seq, -1)
+        return self.out(merged)
+
+
+# head dims of whole 4-float vectors, of 2-float ones and of single floats
+@pytest.mark.parametrize("heads,dim,seq", [(4, 64, 40), (3, 6, 33), (2, 5, 17)])
+def test_attention_heads_split_in_the_matmuls_fetch_match_torch(heads, dim, seq):
+    torch.manual_seed(0)
+    model = HeadAttention(heads, dim).eval()
+    x = torch.randn(2, seq, heads * dim)
+    compiled = tecc.compile(model, (x,), target=f"cuda:{ARCH}")
+    kernels = [k["name"] for k in compiled.plan["kernels"]]
+    # qkv, scores, softmax, P V, output: no kernel of layout ops alone
+    assert len(kernels) == 5 and all("dense" in k or "matmul" in k or "softmax" in k
+                                      for k in kernels), kernels
+    if GPU:
+        with torch.no_grad():
+            expected = model(x)
+        assert_close(compiled(x.cuda()).cpu(), expected, rtol=1e-4, atol=1e-5)
+
+
 def test_winograd_convs_build_for_cuda_and_match_torch():
     """A 3x3 conv of 64 channels and more runs as Winograd's F(4x4, 3x3) on the GPU:
     three kernels (input transform, GEMM, output transform with the epilogue: bias,

@@ -1,7 +1,7 @@
 """FuseOps: which ops end up in one kernel, and that fusing changes no result."""
 
 import numpy as np
-from tecc.frontend.ir import Call, Constant, Function, TensorType, Var, post_order
+from tecc.frontend.ir import Call, Constant, Function, TensorType, Tuple, Var, post_order
 from tecc.graph_opt.fuse_ops import fuse_ops, is_primitive_call
 from tecc.graph_opt.pipeline import optimize
 from tecc.runtime import Executor
@@ -81,3 +81,46 @@ def test_a_value_used_twice_ends_its_group():
     out = Call("add", [Call("relu", [c]), Call("sigmoid", [c])])
     groups = kernels(fuse_ops(Function([x], out)))
     assert groups == [["nn.conv2d", "relu", "sigmoid", "add"]]
+
+
+def attention_heads(heads: int = 2, seq: int = 8, dim: int = 4):
+    """Scores of a fused query/key projection's output split into heads, and the
+    heads merged into the output projection (BERT's layout ops, as imported)."""
+    qk = Var("qk", TensorType((seq, 2 * heads * dim), "float32"))
+
+    def head_split(begin: int, axes: tuple[int, ...], shape: tuple[int, ...]):
+        part = Call("strided_slice", [qk], {"axes": (1,), "begin": (begin,),
+                                            "end": (begin + heads * dim,), "strides": (1,)})
+        part = Call("reshape", [part], {"newshape": (seq, heads, dim)})
+        return Call("reshape", [Call("transpose", [part], {"axes": axes})],
+                    {"newshape": shape})
+
+    q = head_split(0, (1, 0, 2), (heads, seq, dim))
+    k_t = head_split(heads * dim, (1, 2, 0), (heads, dim, seq))
+    scores = Call("nn.matmul", [q, k_t])
+    merged = Call("reshape", [Call("transpose", [scores], {"axes": (1, 0, 2)})],
+                  {"newshape": (seq, heads * seq)})
+    return Function([qk], Call("nn.dense", [merged, const(5, heads * seq)]))
+
+
+def test_on_a_gpu_target_matmuls_take_their_head_splits_and_merges():
+    from tecc.graph_opt.pass_manager import PassContext
+
+    with PassContext(target="cuda:sm_90"):
+        on_gpu = kernels(fuse_ops(attention_heads()))
+    assert on_gpu == [["strided_slice", "reshape", "transpose", "reshape",
+                       "strided_slice", "reshape", "transpose", "reshape", "nn.matmul"],
+                      ["transpose", "reshape", "nn.dense"]], on_gpu
+    # the CPU templates pack or pad their operands: layout kernels stay their own
+    for context in (PassContext(target="llvm"), PassContext()):
+        with context:
+            on_cpu = kernels(fuse_ops(attention_heads()))
+        assert ["nn.matmul"] in on_cpu and ["nn.dense"] in on_cpu, on_cpu
+        assert len(on_cpu) == 5, on_cpu
+    # a producer that also feeds another consumer is not fused into the matmul
+    func = attention_heads()
+    scores = func.body.args[0].args[0].args[0]
+    doubled = Function(func.params, Tuple([func.body, Call("exp", [scores.args[0]])]))
+    with PassContext(target="cuda:sm_90"):
+        groups = kernels(fuse_ops(doubled))
+    assert ["strided_slice", "reshape", "transpose", "reshape"] in groups, groups

@@ -152,23 +152,29 @@ def test_injective_fallback_keeps_every_multiprocessor_busy():
     assert fallback_values(10, 1, 132) == {"threads": 64, "vector": 1}
 
 
-def test_models_group_their_layout_kernels_with_the_injective_template():
+def test_bert_on_the_gpu_has_no_layout_kernel_and_its_mask_add_is_vectorized():
     import tecc
     from tests.models import bert_encoder
 
     torch.manual_seed(0)
-    model = bert_encoder(hidden=64, layers=1, heads=4).eval()
+    model = bert_encoder(hidden=64, layers=2, heads=4).eval()
     ids = torch.randint(0, 1000, (2, 16))
     mask = torch.ones(2, 16, dtype=torch.int64)
     compiled = tecc.compile(model, (ids, mask), target=f"cuda:{ARCH}")
-    templates = {name: [(a.template, a.source) for a in k.templates]
-                 for name, k in compiled.build_result.kernels.items()}
-    layout = {name: t for name, t in templates.items() if "transpose" in name}
-    assert len(layout) >= 3 and all(t == [("injective", "fallback")] for t in layout.values()), \
-        templates
-    # the head splits and merges move float32 rows of 16: 4 lanes
     kernels = compiled.build_result.kernels
-    assert all(kernels[name].templates[0].config["vector"] == 4 for name in layout)
+    templates = {name: [(a.template, a.source) for a in k.templates]
+                 for name, k in kernels.items()}
+    # the head splits and merges are fetched by the matmuls (fuse_ops'
+    # LOAD_FUSING_ANCHORS): no kernel of layout ops alone is left
+    assert not [name for name in kernels if "transpose" in name and "matmul" not in name
+                and "dense" not in name], templates
+    # each layer's mask add (the mask computed once) moves float32 rows of 16: the
+    # injective template with 4 lanes
+    mask_add = [name for name in kernels if name.endswith("_reshape_add")]
+    assert len(mask_add) == 1 and templates[mask_add[0]] == [("injective", "fallback")], \
+        templates
+    assert kernels[mask_add[0]].templates[0].config["vector"] == 4
+    assert sum(call["name"] == mask_add[0] for call in compiled.plan["kernels"]) == 2
     if GPU:
         with torch.no_grad():
             expected = model(ids, mask)

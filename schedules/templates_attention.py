@@ -70,6 +70,12 @@ def score_widths(npad: int, lanes: int) -> list[int]:
     return [w * lanes for w in (1, 2, 3, 4) if npad % (w * lanes) == 0] or [npad]
 
 
+def out_widths(dv: int, lanes: int) -> list[int]:
+    """Columns of V per P V tile: divisors of Dv of one to four vectors (Dv itself
+    where it is narrower than a vector)."""
+    return [w for w in vector_width_options(dv, lanes) if w >= min(lanes, dv)]
+
+
 def _tile_fits(config: Config) -> bool:
     return (config["rows"] % config["score_rows"] == 0
             and config["rows"] % config["out_rows"] == 0)
@@ -94,8 +100,9 @@ class AttentionTemplate(Template):
         tiles = [t for t in ROW_TILES if any(r % t == 0 for r in rows)]
         space.define_choice("score_rows", tiles)
         space.define_choice("score_width", score_widths(padded_keys(n), lanes))
+        space.define_choice("score_order", ["rows", "keys"])
         space.define_choice("out_rows", tiles)
-        space.define_choice("out_width", vector_width_options(dv, lanes))
+        space.define_choice("out_width", out_widths(dv, lanes))
         space.define_choice("unroll_keys", [u for u in (1, 2, 4) if n % u == 0])
         space.add_constraint(_tile_fits, "register rows must divide the block's rows")
         return space
@@ -106,7 +113,7 @@ class AttentionTemplate(Template):
         widths = space.knobs[2].options  # score_width
         width = max(w for w in widths if w <= 2 * lanes) if min(widths) <= 2 * lanes \
             else widths[0]
-        out_width = max(w for w in vector_width_options(dv, lanes) if w <= 4 * lanes)
+        out_width = max(out_widths(dv, lanes))
         # the block's logits and exps in half the L2, and at least 4 blocks per core
         budget = ctx.info.l2_bytes // 2 // (2 * npad * 4)
         rows_opts = space.knobs[0].options
@@ -122,6 +129,7 @@ class AttentionTemplate(Template):
         values = {"rows": rows,
                   "score_rows": tile_rows(rows, max(1, width // lanes), lanes),
                   "score_width": width,
+                  "score_order": "keys",
                   "out_rows": tile_rows(rows, max(1, -(-out_width // lanes)), lanes),
                   "out_width": out_width,
                   "unroll_keys": max(u for u in (1, 2, 4) if n % u == 0)}
@@ -197,8 +205,12 @@ def _schedule_scores(sch: Schedule, config: Config, lanes: int, ragged: bool) ->
     r, k = sch.get_loops(logits)[-2:]
     r_o, r_i = sch.split(r, [None, config["score_rows"]])
     k_o, k_v = sch.split(k, [None, config["score_width"]])
-    sch.reorder(r_o, k_o, r_i, k_v)
-    sch.compute_at(scores, k_o, preserve_unit_loops=True)
+    if config["score_order"] == "keys":  # a K^T panel in L1 for every row tile
+        sch.reorder(k_o, r_o, r_i, k_v)
+        sch.compute_at(scores, r_o, preserve_unit_loops=True)
+    else:  # a tile's Q rows in L1 for every key panel
+        sch.reorder(r_o, k_o, r_i, k_v)
+        sch.compute_at(scores, k_o, preserve_unit_loops=True)
     sch.unroll(r_i)
     vectorize_tail(sch, logits, lanes)
     s_r, s_k, s_d = sch.get_loops(scores)[-3:]

@@ -34,9 +34,20 @@ from tvm.tirx import const
 KEY_BLOCK = 32
 
 
+# Query rows are padded to a multiple of this (copies of the last row, their results
+# dropped): a prime count (ViT's 197 tokens) still splits into blocks and register
+# tiles of several rows.
+ROW_BLOCK = 4
+
+
 def padded_keys(n: int) -> int:
     """The key count the kernel computes scores for: `n` up to whole KEY_BLOCKs."""
     return -(-n // KEY_BLOCK) * KEY_BLOCK
+
+
+def padded_rows(m: int) -> int:
+    """The query rows the kernel computes: `m` up to whole ROW_BLOCKs."""
+    return -(-m // ROW_BLOCK) * ROW_BLOCK
 
 
 def attention_dims(types: list[Type], attrs: Attrs) -> tuple[tuple[int, ...], int, int, int, int]:
@@ -71,18 +82,25 @@ def _attention_rel(types: list[Type], attrs: Attrs) -> Type:
 
 def _attention_compute(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> te.Tensor:
     """Blocks, in order (the template places them; schedules/templates_attention.py):
+    attention_queries Q with M padded to whole ROW_BLOCKs, where it is not (inlined)
     attention_keys   K^T with N padded to whole KEY_BLOCKs by zero keys (kept)
     attention_scores Q K^T over the padded keys
     attention_logits scores * scale + mask, -inf on the padded keys (kept)
     softmax_max, the exp (kept, blocks.shared_exp), softmax_expsum over the padded keys
     attention        sum over the N keys of exp * V (the anchor)
     attention_out    times the row's reciprocal exp-sum (0 for a row all -inf when safe)
+                     (kept), and the M rows of it (where M was padded)
     """
     q, k, v = args[:3]
     mask = args[3] if len(args) == 4 else None
     *batch, m, d = te_shape(q)
     n, dv = te_shape(v)[-2:]
-    nb, npad, dtype = len(batch), padded_keys(n), q.dtype
+    nb, npad, mpad, dtype = len(batch), padded_keys(n), padded_rows(m), q.dtype
+    if mpad != m:  # the padded rows repeat the last one: finite, and never read back
+        q0 = q
+        q = te.compute((*batch, mpad, d), lambda *i: q0[(*i[:nb], tvm.tirx.min(i[nb], m - 1),
+                                                         i[-1])],
+                       name="attention_queries")
     zero, minus_inf = const(0, dtype), const(-np.inf, dtype)
     transposed = attrs["k_transposed"]
 
@@ -94,7 +112,7 @@ def _attention_compute(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> t
     keys = te.compute((*batch, d, npad), key, name="attention_keys", attrs={KEEP_ATTR: 1})
     rd = te.reduce_axis((0, d), name="rd")
     scores = te.compute(
-        (*batch, m, npad),
+        (*batch, mpad, npad),
         lambda *i: te.sum(q[(*i[:nb], i[nb], rd)] * keys[(*i[:nb], rd, i[nb + 1])], axis=rd),
         name="attention_scores")
     scale = float(attrs["scale"])
@@ -105,32 +123,41 @@ def _attention_compute(args: list[te.Tensor], attrs: Attrs, out_type: Type) -> t
         if scale != 1.0:
             s = s * const(scale, dtype)
         if mask is not None:
-            s = s + read_broadcast(mask, i, score_shape)
+            row = tvm.tirx.min(i[nb], m - 1) if mpad != m else i[nb]
+            s = s + read_broadcast(mask, (*i[:nb], row, i[-1]), score_shape)
         # if_then_else: the mask is not read past its row (the padded keys' tail is
         # partitioned off by the template, the full vectors have no test)
         return tvm.tirx.if_then_else(i[-1] < n, s, minus_inf) if npad != n else s
 
-    logits = te.compute((*batch, m, npad), logit, name="attention_logits",
+    logits = te.compute((*batch, mpad, npad), logit, name="attention_logits",
                         attrs={KEEP_ATTR: 1})
     k1 = te.reduce_axis((0, npad), name="k1")
     k2 = te.reduce_axis((0, npad), name="k2")
-    mx = te.compute((*batch, m), lambda *i: te.max(logits[(*i, k1)], axis=k1),
+    mx = te.compute((*batch, mpad), lambda *i: te.max(logits[(*i, k1)], axis=k1),
                     name="softmax_max")
     # logits - max <= 0 (or -inf, or NaN): fast_exp never overflows
     e = exp_of(te.compute(logits.shape, lambda *i: logits[i] - mx[i[:-1]],
                           name="softmax_shifted"))
-    es = te.compute((*batch, m), lambda *i: te.sum(e[(*i, k2)], axis=k2), name="softmax_expsum")
+    es = te.compute((*batch, mpad), lambda *i: te.sum(e[(*i, k2)], axis=k2), name="softmax_expsum")
     rj = te.reduce_axis((0, n), name="rj")
-    acc = te.compute((*batch, m, dv),
+    acc = te.compute((*batch, mpad, dv),
                      lambda *i: te.sum(e[(*i[:-1], rj)] * v[(*i[:nb], rj, i[-1])], axis=rj),
                      name="attention", attrs={ANCHOR_ATTR: "attention"})
     one = const(1, dtype)
     if attrs["safe_softmax"]:
-        # a row all -inf, and only it, has an exp-sum of 0 (see nn.safe_softmax);
-        # if_then_else: one test per row in a vectorized store
-        return te.compute(acc.shape, lambda *i: tvm.tirx.if_then_else(
-            es[i[:-1]] == zero, zero, acc[i] * (one / es[i[:-1]])), name="attention_out")
-    return te.compute(acc.shape, lambda *i: acc[i] * (one / es[i[:-1]]), name="attention_out")
+        # a row all -inf, and only it, has an exp-sum of 0 (see nn.safe_softmax): its
+        # probabilities are 0 and P V is its sum of 0 * V (0, NaN where V holds one,
+        # as the unfused matmul gives); if_then_else: one test per row in a
+        # vectorized store
+        def normalized(*i):
+            return acc[i] * tvm.tirx.if_then_else(es[i[:-1]] == zero, one, one / es[i[:-1]])
+    else:
+        def normalized(*i):
+            return acc[i] * (one / es[i[:-1]])
+    out = te.compute(acc.shape, normalized, name="attention_out", attrs={KEEP_ATTR: 1})
+    if mpad == m:
+        return out
+    return te.compute((*batch, m, dv), lambda *i: out[i], name="attention_rows")
 
 
 def _attention_evaluate(args: list[np.ndarray], attrs: Attrs, out_type: Type) -> np.ndarray:

@@ -15,10 +15,12 @@ The block's logits and exps (rows x padded keys, 4 bytes each) stay in L2: one p
 over the keys, no rescaling (online softmax) needed. Q K^T reads K^T[D, N] along the
 keys and P V reads V[N, Dv] along its rows, both contiguous.
 
-Knobs: rows (query rows per block: divisors of M), score_rows / out_rows (register
-rows of the two products: divisors of rows, a space constraint), score_width (keys per
-score tile: whole vectors dividing the padded keys), out_width (columns of V per tile:
-divisors of Dv up to four vectors), unroll_keys (P V's key loop: 1, 2 or 4 dividing N).
+Knobs: rows (query rows per block: divisors of the padded M), score_rows / out_rows
+(register rows of the two products: divisors of rows, a space constraint),
+score_width (keys per score tile: whole vectors dividing the padded keys),
+score_order ("keys": the key tiles outside the row tiles, a K^T panel in L1 for every
+row tile; "rows": the reverse), out_width (columns of V per tile: divisors of Dv of
+one to four vectors), unroll_keys (P V's key loop: 1, 2 or 4 dividing N).
 The fallback: the register tiles the vector registers hold, and the most rows whose
 logits and exps fit half the target's L2 while every core gets a few blocks.
 """

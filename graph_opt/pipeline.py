@@ -10,6 +10,7 @@ from tecc.frontend.ir import Function
 
 # Importing the pass modules registers the passes.
 from tecc.graph_opt import (  # noqa: F401
+    attention,
     combine_dense,
     cse,
     dense_pack,
@@ -24,7 +25,7 @@ from tecc.graph_opt.pass_manager import Pass, get_pass, run_passes
 
 OPTIMIZATION_PASSES = ("simplify", "fold_batch_norm", "fold_constants", "simplify",
                        "eliminate_common_subexpr", "combine_parallel_dense",
-                       "eliminate_dead_code",
+                       "eliminate_dead_code", "fuse_attention",
                        "convert_layout_nchwc", "winograd_gpu", "pack_dense_weights")
 
 
@@ -35,8 +36,9 @@ def optimization_pipeline() -> list[Pass]:
     exposes new identities (a folded reshape/transpose chain), hence a second
     simplify; CSE then sees the simplest graph (two denses of the same weight are one
     before parallel denses are combined), and DCE drops what merging left
-    unreachable. The CPU layout pass, the GPU Winograd rewrite and the dense weight
-    packing come last, on the final weights, right before fusion."""
+    unreachable. Attention chains become one op (CPU) on that final graph; the CPU
+    layout pass, the GPU Winograd rewrite and the dense weight packing come last, on
+    the final weights, right before fusion."""
     return [get_pass(n) for n in OPTIMIZATION_PASSES]
 
 

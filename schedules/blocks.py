@@ -21,12 +21,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import tvm
-from tecc.schedules.computes import ANCHOR_ATTR
+from tecc.schedules.computes import ANCHOR_ATTR, KEEP_ATTR
 from tvm.s_tir import SBlockRealize
 from tvm.s_tir.schedule import Schedule, ScheduleError
 
 __all__ = [
-    "ANCHOR_ATTR", "COMM_REDUCE", "DATA_PAR", "PARALLEL_MIN_WORK", "PADDED_ANCHORS",
+    "ANCHOR_ATTR", "COMM_REDUCE", "DATA_PAR", "KEEP_ATTR", "PARALLEL_MIN_WORK", "PADDED_ANCHORS",
     "accumulator_budget", "all_blocks", "anchor_kind", "best_vector_width", "block_name",
     "divisors", "elementwise_consumer", "epilogue_block", "injective_anchor",
     "inline_injective", "is_reduction", "iter_types", "largest_divisor", "loop_extent",
@@ -254,7 +254,8 @@ def inline_injective(sch: Schedule, keep: Callable[[Schedule, Any], bool] | None
     nothing changes (inlining one block can make its producer inlinable). Padding read
     by a conv or pool stays a buffer: inlined, it puts a bounds check in the anchor's
     innermost loop (the templates decide where it is produced); so does a block that
-    `keep` names (the template computes it once for its consumers)."""
+    `keep` names (the template computes it once for its consumers) and one its compute
+    marked KEEP_ATTR (its op's template places it)."""
     outputs = output_names(sch)
     changed = True
     while changed:
@@ -262,6 +263,8 @@ def inline_injective(sch: Schedule, keep: Callable[[Schedule, Any], bool] | None
         for block in root_blocks(sch):
             name = block_name(sch, block)
             if is_reduction(sch, block) or name in outputs or _padding_of_anchor(sch, block):
+                continue
+            if KEEP_ATTR in sch.get(block).annotations:
                 continue
             if keep is not None and keep(sch, block):
                 continue

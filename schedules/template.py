@@ -64,6 +64,7 @@ TEMPLATE_MODULES = (
     "tecc.schedules.templates_conv",
     "tecc.schedules.templates_reduce",
     "tecc.schedules.templates_injective",
+    "tecc.schedules.templates_attention",
     "tecc.schedules.gpu_templates",
     "tecc.schedules.gpu_reduce",
     "tecc.schedules.gpu_winograd",

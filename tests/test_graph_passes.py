@@ -502,7 +502,8 @@ def test_pipeline_order_and_levels(capsys):
     names = [p.name for p in optimization_pipeline()]
     assert names == ["simplify", "fold_batch_norm", "fold_constants", "simplify",
                      "eliminate_common_subexpr", "combine_parallel_dense", "eliminate_dead_code",
-                     "convert_layout_nchwc", "winograd_gpu", "pack_dense_weights"]
+                     "fuse_attention", "convert_layout_nchwc", "winograd_gpu",
+                     "pack_dense_weights"]
     x = var("x", (2, 3))
     f = Function([x], call("reshape", call("copy", call("add", x, call("negative", const(
         rand((3,), 50))))), newshape=(2, 3)))

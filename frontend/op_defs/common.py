@@ -16,6 +16,9 @@ from tvm.tirx import const
 # The block annotation of an anchor (a conv's, a dense's, a reduction's main block):
 # the default schedule and the templates dispatch on its value, the anchor kind.
 ANCHOR_ATTR = "tecc.anchor"
+# The block annotation of an intermediate the op's template places itself (a packing,
+# a row buffer read by several passes): the CPU schedule does not inline it first.
+KEEP_ATTR = "tecc.keep"
 
 # ---------------------------------------------------------------- type relations
 

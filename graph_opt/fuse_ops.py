@@ -29,6 +29,9 @@ from tecc.graph_opt.pass_manager import PassContext, register_pass
 # Anchors whose GPU template normalizes its operands and stages them in shared memory
 # (schedules/gpu_matmul.py), inlining the fetch's producers there.
 LOAD_FUSING_ANCHORS = frozenset({"nn.dense", "nn.matmul"})
+# Row reductions whose GPU template (schedules/gpu_reduce.py) inlines its producers into
+# the row's passes: attention's mask add is read with the scores.
+ROW_FUSING_ANCHORS = frozenset({"nn.softmax", "nn.safe_softmax", "nn.log_softmax"})
 
 
 def _fuses_loads() -> bool:
@@ -74,8 +77,10 @@ def primitive_per_op(func: Function) -> Function:
 # On GPU targets, phase 1 also lets an injective group fuse into the matmul it
 # alone feeds (LOAD_FUSING_ANCHORS): the GEMM's shared-memory fetch reads the
 # producer's source through the composed index, so attention's head splits and
-# merges cost no kernel and no round trip through memory. On the CPU the
-# templates pack or pad their operands and were tuned on plain inputs: unchanged.
+# merges cost no kernel and no round trip through memory; and a softmax takes the
+# elementwise, broadcast or injective group it alone reads (ROW_FUSING_ANCHORS: the
+# mask add), read in the row's passes. On the CPU the templates pack or pad their
+# operands and were tuned on plain inputs: unchanged.
 # Calls producing tuples (split), tuples and tuple items stay at group borders.
 
 
@@ -118,6 +123,10 @@ def _edge_pattern(consumer: Expr, arg: Expr) -> Pattern:
 
 def _is_load_fusing(node: Expr) -> bool:
     return isinstance(node, Call) and node.op in LOAD_FUSING_ANCHORS
+
+
+def _is_row_fusing(node: Expr) -> bool:
+    return isinstance(node, Call) and node.op in ROW_FUSING_ANCHORS
 
 
 def fuse_groups(func: Function, max_depth: int = 64) -> dict[int, int]:
@@ -218,21 +227,30 @@ def fuse_groups(func: Function, max_depth: int = 64) -> dict[int, int]:
                     continue
                 ok = check_path(i, dom, lambda kind, is_sink: kind <= Pattern.BROADCAST)
             elif group.pattern <= Pattern.BROADCAST:
-                if not (dom_edge <= Pattern.INJECTIVE or dom_edge == Pattern.COMM_REDUCE):
+                into_rows = fuses_loads and _is_row_fusing(nodes[dom]) \
+                    and consumers[i] == [dom]
+                if not (dom_edge <= Pattern.INJECTIVE or dom_edge == Pattern.COMM_REDUCE
+                        or into_rows):
                     continue
-                ok = check_path(i, dom, lambda kind, is_sink: kind <= Pattern.INJECTIVE
+                ok = check_path(i, dom, lambda kind, is_sink, into_rows=into_rows:
+                                kind <= Pattern.INJECTIVE
                                 or is_sink and kind in (Pattern.COMM_REDUCE,
-                                                        Pattern.OUT_ELEMWISE_FUSABLE))
+                                                        Pattern.OUT_ELEMWISE_FUSABLE)
+                                or is_sink and into_rows and kind == Pattern.OPAQUE)
             elif group.pattern == Pattern.INJECTIVE:
                 if phase != 1:
                     continue
                 into_load = fuses_loads and _is_load_fusing(nodes[dom]) \
                     and consumers[i] == [dom]
-                ok = check_path(i, dom, lambda kind, is_sink, into_load=into_load:
+                into_rows = fuses_loads and _is_row_fusing(nodes[dom]) \
+                    and consumers[i] == [dom]
+                ok = check_path(i, dom, lambda kind, is_sink, into_load=into_load,
+                                into_rows=into_rows:
                                 kind <= Pattern.INJECTIVE
                                 or is_sink and kind == Pattern.COMM_REDUCE
                                 or is_sink and into_load
-                                and kind == Pattern.OUT_ELEMWISE_FUSABLE)
+                                and kind == Pattern.OUT_ELEMWISE_FUSABLE
+                                or is_sink and into_rows and kind == Pattern.OPAQUE)
             else:  # reductions and opaque ops end their group
                 continue
             if ok and path_size(i, dom) <= max_depth:

@@ -97,6 +97,10 @@ class _Rows:
     trailing: bool       # the reduced axes are the input's last ones (rows contiguous)
 
 
+def _elements(buffer) -> int:
+    return math.prod(int(d) for d in buffer.shape)
+
+
 def _reduced_dims(sch: Schedule, block) -> tuple[object, set[int]]:
     """(buffer, dims of it indexed by `block`'s reduction variables) for the largest
     input the reduction reads."""
@@ -105,7 +109,8 @@ def _reduced_dims(sch: Schedule, block) -> tuple[object, set[int]]:
     best = None
     for region in blk.reads:
         dims = {d for d, rng in enumerate(region.region) if vars_in(rng.min) & rvars}
-        if dims and (best is None or len(region.region) > len(best[0].shape)):
+        # the largest by elements (a mask read with the scores may have more axes)
+        if dims and (best is None or _elements(region.source) > _elements(best[0])):
             best = (region.source, dims)
     if best is None:
         raise ValueError("reduction block reads no input along its reduction axes")

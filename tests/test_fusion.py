@@ -103,7 +103,7 @@ def attention_heads(heads: int = 2, seq: int = 8, dim: int = 4):
     return Function([qk], Call("nn.dense", [merged, const(5, heads * seq)]))
 
 
-def test_on_a_gpu_target_matmuls_take_their_head_splits_and_merges():
+def test_on_a_gpu_target_matmuls_take_their_head_splits_and_softmaxes_their_masks():
     from tecc.graph_opt.pass_manager import PassContext
 
     with PassContext(target="cuda:sm_90"):
@@ -117,6 +117,13 @@ def test_on_a_gpu_target_matmuls_take_their_head_splits_and_merges():
             on_cpu = kernels(fuse_ops(attention_heads()))
         assert ["nn.matmul"] in on_cpu and ["nn.dense"] in on_cpu, on_cpu
         assert len(on_cpu) == 5, on_cpu
+    # a softmax on a GPU reads the mask add (a broadcast) with the scores
+    scores = Var("scores", TensorType((2, 4, 8, 8), "float32"))
+    masked = Call("nn.safe_softmax", [Call("add", [scores, const(2, 1, 8, 8)])])
+    with PassContext(target="cuda:sm_90"):
+        assert kernels(fuse_ops(Function([scores], masked))) == [["add", "nn.safe_softmax"]]
+    with PassContext(target="llvm"):
+        assert len(kernels(fuse_ops(Function([scores], masked)))) == 2
     # a producer that also feeds another consumer is not fused into the matmul
     func = attention_heads()
     scores = func.body.args[0].args[0].args[0]

@@ -27,7 +27,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
-from tecc.frontend.ir import Call, Expr, Function, rewrite
+from tecc.frontend.ir import Call, Constant, Expr, Function, rewrite
 from tecc.frontend.ops import normalize_axis
 from tecc.graph_opt.pass_manager import PassContext, register_pass
 from tecc.graph_opt.patterns import is_op, scalar_value, use_counts
@@ -98,12 +98,16 @@ def match_attention(old: Call, new: Call, uses: Counter[int]) -> AttentionMatch 
         return None
     s_old, s_new = p_old.args[0], p_new.args[0]
     scale, mask = 1.0, None
+    # scales between the mask add and the softmax, (S + mask) * c: they scale the mask
+    # too, S * c + mask * c
+    mask_scale = 1.0
     while uses[id(s_old)] == 1 and not is_op(s_old, "nn.matmul"):
         if is_op(s_old, "reshape") and s_old.shape[-2:] == s_old.args[0].shape[-2:]:
             pass
-        elif is_op(s_old, "multiply") and (factor := _scalar_factor(s_old)) is not None \
-                and mask is None:  # a scale above the mask would scale the mask too
+        elif is_op(s_old, "multiply") and (factor := _scalar_factor(s_old)) is not None:
             scale *= factor[1]
+            if mask is None:
+                mask_scale *= factor[1]
             s_old, s_new = s_old.args[factor[0]], s_new.args[factor[0]]
             continue
         elif is_op(s_old, "add") and mask is None and s_old.shape == scores_shape:
@@ -124,6 +128,8 @@ def match_attention(old: Call, new: Call, uses: Counter[int]) -> AttentionMatch 
     if q_old.shape[:-2] != k_old.shape[:-2] or p_old.shape[:-2] != scores_shape[:-2] \
             or old.args[0].shape[:-2] != old.args[1].shape[:-2]:
         return None  # a batch broadcast (nn.matmul's) the op does not do
+    if mask is not None and mask_scale != 1.0:
+        mask = Call("multiply", (mask, Constant(np.array(mask_scale, mask.dtype))))
     q, q_scale = _peel_scale(s_new.args[0])
     k, k_scale = _peel_scale(s_new.args[1])
     return AttentionMatch(q, k, v, mask, scale * q_scale * k_scale,

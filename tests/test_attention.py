@@ -201,6 +201,33 @@ def test_pass_takes_sdpa_scale_and_mask():
     assert max_rel_error(got, Sdpa()(q, k, v, keep)) < 1e-4 and (got[0, :, 5] == 0).all()
 
 
+
+class ScaledAndMasked(torch.nn.Module):
+    """A scale and an additive mask on the scores, in either order."""
+
+    def __init__(self, scale_first: bool):
+        super().__init__()
+        self.scale_first = scale_first
+
+    def forward(self, q, k, v, mask):
+        s = q @ k.transpose(-1, -2)
+        s = s * 0.125 + mask if self.scale_first else (s + mask) * 0.125
+        return s.softmax(-1) @ v
+
+
+@pytest.mark.parametrize("scale_first", [True, False], ids=["scale_mask", "mask_scale"])
+def test_pass_scales_the_mask_that_a_scale_follows(scale_first):
+    """(S + mask) * c is S * c + mask * c: the op's mask is scaled too."""
+    t = attention_pass.MIN_KEYS + 8
+    gen = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(2, 3, t, 16, generator=gen) for _ in range(3))
+    mask = torch.randn(2, 3, t, t, generator=gen) * 4  # a bias, not only 0 and -inf
+    model = ScaledAndMasked(scale_first)
+    assert _ops(_optimized(model, (q, k, v, mask), "llvm")).count("nn.attention") == 1
+    cm = tecc.compile(model, (q, k, v, mask))
+    assert max_rel_error(cm(q, k, v, mask), model(q, k, v, mask)) < 1e-4
+
+
 # -------------------------------------------------------------------- the template
 
 # (q shape, keys, value size, mask shape): ragged keys (20 of 32 padded) and a mask

@@ -30,7 +30,7 @@ import numpy as np
 from tecc.frontend.ir import Call, Constant, Expr, Function, rewrite
 from tecc.frontend.ops import normalize_axis
 from tecc.graph_opt.pass_manager import PassContext, register_pass
-from tecc.graph_opt.patterns import is_op, scalar_value, use_counts
+from tecc.graph_opt.patterns import is_op, reshaped, scalar_value, use_counts
 
 # Fewest keys where the fused kernel replaces the three. Measured on 2 AVX-512 cores
 # (benchmarks/attention_cpu.py, untuned, kernels' sums): fused against unfused 0.019
@@ -137,26 +137,18 @@ def match_attention(old: Call, new: Call, uses: Counter[int]) -> AttentionMatch 
                           tuple(scores_shape))
 
 
-def _reshaped(x: Expr, shape: tuple[int, ...], span: str | None) -> Expr:
-    """`x` as `shape`: one reshape of the tensor a reshape chain views."""
-    while is_op(x, "reshape") and tuple(x.shape) != shape:
-        x = x.args[0]
-    return x if tuple(x.shape) == shape else Call("reshape", (x,), {"newshape": shape},
-                                                  span=span)
-
-
 def attention_call(match: AttentionMatch, out: Call) -> Expr:
     """nn.attention over the scores' batch shape, reshaped to the P V matmul's `out`."""
     *batch, m, n = match.scores_shape
     d, dv = match.q.shape[-1], match.v.shape[-1]
     span = out.span
-    q = _reshaped(match.q, (*batch, m, d), span)
-    k = _reshaped(match.k, (*batch, d, n) if match.k_transposed else (*batch, n, d), span)
-    v = _reshaped(match.v, (*batch, n, dv), span)
+    q = reshaped(match.q, (*batch, m, d), span)
+    k = reshaped(match.k, (*batch, d, n) if match.k_transposed else (*batch, n, d), span)
+    v = reshaped(match.v, (*batch, n, dv), span)
     args = (q, k, v) if match.mask is None else (q, k, v, match.mask)
     attrs = {"scale": match.scale, "k_transposed": match.k_transposed,
              "safe_softmax": match.safe_softmax}
-    return _reshaped(Call("nn.attention", args, attrs, span=span), tuple(out.shape), span)
+    return reshaped(Call("nn.attention", args, attrs, span=span), tuple(out.shape), span)
 
 
 def _sizes_fit(match: AttentionMatch) -> bool:

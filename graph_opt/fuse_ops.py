@@ -34,8 +34,9 @@ LOAD_FUSING_ANCHORS = frozenset({"nn.dense", "nn.matmul"})
 ROW_FUSING_ANCHORS = frozenset({"nn.softmax", "nn.safe_softmax", "nn.log_softmax"})
 
 
-def _fuses_loads() -> bool:
-    """Whether matmuls take their injective producers: GPU targets only."""
+def _anchors_take_producers() -> bool:
+    """Whether LOAD_FUSING_ANCHORS and ROW_FUSING_ANCHORS take the producer group they
+    alone read: GPU targets only."""
     target = PassContext.current().target
     return target is not None and target.is_gpu
 
@@ -121,14 +122,6 @@ def _edge_pattern(consumer: Expr, arg: Expr) -> Pattern:
     return kind
 
 
-def _is_load_fusing(node: Expr) -> bool:
-    return isinstance(node, Call) and node.op in LOAD_FUSING_ANCHORS
-
-
-def _is_row_fusing(node: Expr) -> bool:
-    return isinstance(node, Call) and node.op in ROW_FUSING_ANCHORS
-
-
 def fuse_groups(func: Function, max_depth: int = 64) -> dict[int, int]:
     """Group the op calls of `func`: id(call) -> group number (shared by fused calls)."""
     nodes = post_order(func.body)
@@ -166,7 +159,7 @@ def fuse_groups(func: Function, max_depth: int = 64) -> dict[int, int]:
         depth[i] = depth[dom] + 1 if dom is not None else 1
 
     groups = [_Group(_pattern(n)) for n in nodes]
-    fuses_loads = _fuses_loads()
+    takes_producers = _anchors_take_producers()
 
     def check_path(src: int, sink: int, fcond) -> bool:
         seen: set[int] = set()
@@ -222,35 +215,29 @@ def fuse_groups(func: Function, max_depth: int = 64) -> dict[int, int]:
             if group is groups[dom].root() or group.pattern == Pattern.OPAQUE:
                 continue
             dom_edge = max(_edge_pattern(nodes[c], node) for c in consumers[i])
+            # on a GPU, the anchor `dom` this group alone feeds takes it as a producer
+            taker = nodes[dom].op if takes_producers and consumers[i] == [dom] else None
+            into_load, into_rows = taker in LOAD_FUSING_ANCHORS, taker in ROW_FUSING_ANCHORS
             if group.pattern == Pattern.OUT_ELEMWISE_FUSABLE:
                 if phase != 0 or dom_edge != Pattern.ELEMWISE:
                     continue
                 ok = check_path(i, dom, lambda kind, is_sink: kind <= Pattern.BROADCAST)
             elif group.pattern <= Pattern.BROADCAST:
-                into_rows = fuses_loads and _is_row_fusing(nodes[dom]) \
-                    and consumers[i] == [dom]
                 if not (dom_edge <= Pattern.INJECTIVE or dom_edge == Pattern.COMM_REDUCE
                         or into_rows):
                     continue
-                ok = check_path(i, dom, lambda kind, is_sink, into_rows=into_rows:
-                                kind <= Pattern.INJECTIVE
-                                or is_sink and kind in (Pattern.COMM_REDUCE,
-                                                        Pattern.OUT_ELEMWISE_FUSABLE)
-                                or is_sink and into_rows and kind == Pattern.OPAQUE)
+                sinks = (Pattern.COMM_REDUCE, Pattern.OUT_ELEMWISE_FUSABLE) \
+                    + ((Pattern.OPAQUE,) if into_rows else ())
+                ok = check_path(i, dom, lambda kind, is_sink, sinks=sinks:
+                                kind <= Pattern.INJECTIVE or is_sink and kind in sinks)
             elif group.pattern == Pattern.INJECTIVE:
                 if phase != 1:
                     continue
-                into_load = fuses_loads and _is_load_fusing(nodes[dom]) \
-                    and consumers[i] == [dom]
-                into_rows = fuses_loads and _is_row_fusing(nodes[dom]) \
-                    and consumers[i] == [dom]
-                ok = check_path(i, dom, lambda kind, is_sink, into_load=into_load,
-                                into_rows=into_rows:
-                                kind <= Pattern.INJECTIVE
-                                or is_sink and kind == Pattern.COMM_REDUCE
-                                or is_sink and into_load
-                                and kind == Pattern.OUT_ELEMWISE_FUSABLE
-                                or is_sink and into_rows and kind == Pattern.OPAQUE)
+                sinks = (Pattern.COMM_REDUCE,) \
+                    + ((Pattern.OUT_ELEMWISE_FUSABLE,) if into_load else ()) \
+                    + ((Pattern.OPAQUE,) if into_rows else ())
+                ok = check_path(i, dom, lambda kind, is_sink, sinks=sinks:
+                                kind <= Pattern.INJECTIVE or is_sink and kind in sinks)
             else:  # reductions and opaque ops end their group
                 continue
             if ok and path_size(i, dom) <= max_depth:

@@ -50,6 +50,7 @@ from tecc.frontend.op_defs.nn import WINOGRAD_MATRICES, layout_transform_numpy
 from tecc.frontend.op_defs.nn import to_nchwc as to_nchwc  # packing helpers' callers use it
 from tecc.frontend.ops import Pattern, get_op, normalize_axis, reduce_axes
 from tecc.graph_opt.pass_manager import ConvBlocksFn, PassContext, WinogradFn, register_pass
+from tecc.graph_opt.patterns import reshaped
 
 
 def layout_name(block: int | None) -> str:
@@ -361,11 +362,11 @@ class _Converter:
         nchw = self.as_layout(new, cur, None)
         if full[1] == channels and full[2] == full[3] == 1:
             if full[0] == 1:
-                return self.per_channel(_reshaped(nchw, (channels,)), channels, block, 0)
-            return self.per_channel(nchw if len(shape) == 4 else _reshaped(nchw, full),
+                return self.per_channel(reshaped(nchw, (channels,)), channels, block, 0)
+            return self.per_channel(nchw if len(shape) == 4 else reshaped(nchw, full),
                                     channels, block, 1)
         if full[1] == 1:  # constant over channels: [N, 1, H, W, 1] broadcasts
-            return _reshaped(nchw, (*full, 1))
+            return reshaped(nchw, (*full, 1))
         return None
 
     def spatial_reduction(self, node: Call) -> tuple[Expr, int | None] | None:
@@ -378,15 +379,7 @@ class _Converter:
         if keep:
             return red, block
         # [N, C/c, c] has the bytes of [N, C]: a reshape, no transform.
-        return _reshaped(red, node.shape), None
-
-
-def _reshaped(expr: Expr, shape: tuple[int, ...]) -> Expr:
-    if tuple(expr.shape) == tuple(shape):
-        return expr
-    if isinstance(expr, Constant):
-        return Constant(expr.data.reshape(shape))
-    return Call("reshape", [expr], {"newshape": tuple(shape)})
+        return reshaped(red, node.shape), None
 
 
 @register_pass("convert_layout_nchwc", opt_level=3)

@@ -11,5 +11,6 @@ from tecc.graph_opt.fuse_ops import fuse_ops
 from tecc.graph_opt.layout import convert_layout_nchwc
 from tecc.graph_opt.simplify import simplify
 
-__all__ = ["combine_parallel_dense", "fuse_attention", "convert_layout_nchwc", "eliminate_common_subexpr",
-           "eliminate_dead_code", "fold_batch_norm", "fold_constants", "fuse_ops", "pack_dense_weights", "simplify"]
+__all__ = ["combine_parallel_dense", "convert_layout_nchwc", "eliminate_common_subexpr",
+           "eliminate_dead_code", "fold_batch_norm", "fold_constants", "fuse_attention",
+           "fuse_ops", "pack_dense_weights", "simplify"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 
 import numpy as np
 from tecc.frontend.ir import Call, Constant, Expr, Function, children, post_order
@@ -46,3 +47,16 @@ def is_reshape_only(prim: Function) -> bool:
     body = prim.body
     return (isinstance(body, Call) and body.op == "reshape" and len(prim.params) == 1
             and body.args[0] is prim.params[0])
+
+
+def reshaped(expr: Expr, shape: Sequence[int], span: str | None = None) -> Expr:
+    """`expr` as `shape`: the tensor a reshape chain views, itself where it has that
+    shape, a constant's data reshaped, else one reshape of it."""
+    shape = tuple(shape)
+    while is_op(expr, "reshape") and tuple(expr.shape) != shape:
+        expr = expr.args[0]
+    if tuple(expr.shape) == shape:
+        return expr
+    if isinstance(expr, Constant):
+        return Constant(expr.data.reshape(shape))
+    return Call("reshape", [expr], {"newshape": shape}, span=span)

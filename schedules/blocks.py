@@ -26,7 +26,8 @@ from tvm.s_tir import SBlockRealize
 from tvm.s_tir.schedule import Schedule, ScheduleError
 
 __all__ = [
-    "ANCHOR_ATTR", "COMM_REDUCE", "DATA_PAR", "KEEP_ATTR", "PARALLEL_MIN_WORK", "PADDED_ANCHORS",
+    "ANCHOR_ATTR", "COMM_REDUCE", "DATA_PAR", "KEEP_ATTR", "PARALLEL_MIN_WORK",
+    "PADDED_ANCHORS",
     "accumulator_budget", "all_blocks", "anchor_kind", "best_vector_width", "block_name",
     "divisors", "elementwise_consumer", "epilogue_block", "injective_anchor",
     "inline_injective", "is_reduction", "iter_types", "largest_divisor", "loop_extent",

@@ -13,7 +13,8 @@ from __future__ import annotations
 from tecc.frontend.op_defs.common import ANCHOR_ATTR, KEEP_ATTR, scalar_constant
 from tecc.frontend.ops import OPS, Compute
 
-__all__ = ["ANCHOR_ATTR", "KEEP_ATTR", "Compute", "get_compute", "registered_computes", "scalar_constant"]
+__all__ = ["ANCHOR_ATTR", "KEEP_ATTR", "Compute", "get_compute", "registered_computes",
+           "scalar_constant"]
 
 
 def get_compute(op_name: str) -> Compute:

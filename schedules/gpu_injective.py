@@ -58,7 +58,7 @@ class GpuInjectiveTemplate(Template):
     def fallback(self, space: ConfigSpace, ctx: ScheduleContext) -> Config:
         sch = _inlined(ctx.sch)
         total = max(_flat_size(sch, b) for b in root_blocks(sch))
-        vector = max(next(k for k in space.knobs if k.name == "vector").options)
+        vector = max(space.options("vector"))
         return space.from_json(fallback_values(total, vector,
                                                ctx.info.multiprocessors or 108))
 

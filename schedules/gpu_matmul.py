@@ -68,7 +68,7 @@ def _source_index(sch: Schedule, block: Any, index: int,
     if not all(isinstance(r.min, tirx.Var) for r in region):
         return None
     buffer = reads[index].source
-    if not any(buffer.same_as(w.source) for b in sch.get_child_blocks(get_root_block(sch))
+    if not any(buffer.same_as(w.source) for b in sch.get_producers(block)
                for w in sch.get(b).writes):
         return None  # a parameter of the kernel: its own layout is the memory's
     other = {v for r in reads[1 - index].region for v in tirx.analysis.undefined_vars(r.min)}

@@ -156,6 +156,10 @@ class ConfigSpace:
     def __len__(self) -> int:
         return math.prod(len(k) for k in self.knobs) if self.knobs else 1
 
+    def options(self, name: str) -> list[Any]:
+        """The values knob `name` offers."""
+        return list(self._by_name[name].options)
+
     def __contains__(self, name: str) -> bool:
         return name in self._by_name
 

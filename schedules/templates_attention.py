@@ -112,13 +112,13 @@ class AttentionTemplate(Template):
     def fallback(self, space: ConfigSpace, ctx: ScheduleContext) -> Config:
         bh, m, n, _, dv = attention_dims(ctx)
         lanes, npad = ctx.lanes, padded_keys(n)
-        widths = space.knobs[2].options  # score_width
+        widths = space.options("score_width")
         width = max(w for w in widths if w <= 2 * lanes) if min(widths) <= 2 * lanes \
             else widths[0]
         out_width = max(out_widths(dv, lanes))
         # the block's logits and exps in half the L2, and at least 4 blocks per core
         budget = ctx.info.l2_bytes // 2 // (2 * npad * 4)
-        rows_opts = space.knobs[0].options
+        rows_opts = space.options("rows")
         enough = [r for r in rows_opts if r <= budget and bh * (m // r) >= 4 * ctx.cores]
         # a block of rows a multiple of the register tiles: prefer rows with a tall
         # divisor for both products

@@ -4,7 +4,8 @@ The importer gives scaled dot-product attention (torch's SDPA decomposition, or 
 explicit form a model writes) as
 
     S = nn.matmul(Q, K^T)            [..., M, N] (or nn.matmul(Q, K, transpose_b))
-    S = reshape / multiply by scalars (the scale; SDPA scales Q and K by its root)
+    S = reshape / multiply or divide by scalars (the scale; SDPA scales Q and K by
+        its root)
     S = add(S, mask)                 optional additive mask
     P = nn.softmax(S) | nn.safe_softmax(S)   over the last axis
     O = nn.matmul(reshape(P), V)
@@ -56,7 +57,14 @@ class AttentionMatch:
 
 
 def _scalar_factor(call: Call) -> tuple[int, float] | None:
-    """(index of the tensor operand, the factor) of a multiply by a scalar constant."""
+    """(index of the tensor operand, the factor) of a multiply by a scalar constant,
+    or of a division by one (S / sqrt(d), as MobileViT and SegFormer write it)."""
+    if call.op == "divide":
+        value = scalar_value(call.args[1])
+        if value is not None and not isinstance(value, bool) and np.isfinite(value) \
+                and value != 0 and call.args[0].shape == call.shape:
+            return 0, 1.0 / float(value)
+        return None
     for i in (0, 1):
         value = scalar_value(call.args[1 - i])
         if value is not None and not isinstance(value, bool) and np.isfinite(value) \
@@ -69,8 +77,8 @@ def _peel_scale(new: Expr) -> tuple[Expr, float]:
     """Q or K without the scalar multiplies (through reshapes) on it: (the tensor the
     multiplies read, their product); the operand itself where there are none."""
     scale, node = 1.0, new
-    while isinstance(node, Call) and is_op(node, "reshape", "multiply"):
-        if node.op == "multiply":
+    while isinstance(node, Call) and is_op(node, "reshape", "multiply", "divide"):
+        if node.op != "reshape":
             factor = _scalar_factor(node)
             if factor is None:
                 break
@@ -104,7 +112,7 @@ def match_attention(old: Call, new: Call, uses: Counter[int]) -> AttentionMatch 
     while uses[id(s_old)] == 1 and not is_op(s_old, "nn.matmul"):
         if is_op(s_old, "reshape") and s_old.shape[-2:] == s_old.args[0].shape[-2:]:
             pass
-        elif is_op(s_old, "multiply") and (factor := _scalar_factor(s_old)) is not None:
+        elif is_op(s_old, "multiply", "divide") and (factor := _scalar_factor(s_old)) is not None:
             scale *= factor[1]
             if mask is None:
                 mask_scale *= factor[1]

@@ -228,6 +228,36 @@ def test_pass_scales_the_mask_that_a_scale_follows(scale_first):
     assert max_rel_error(cm(q, k, v, mask), model(q, k, v, mask)) < 1e-4
 
 
+class Divided(torch.nn.Module):
+    """MobileViT's and SegFormer's form: 4-d matmuls (batch and heads merged by the
+    importer's reshapes), the scores divided by sqrt(d), a mask added after it."""
+
+    def __init__(self, masked: bool):
+        super().__init__()
+        self.masked = masked
+
+    def forward(self, q, k, v, mask):
+        s = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+        if self.masked:
+            s = s + mask
+        return torch.matmul(torch.softmax(s, dim=-1), v)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_pass_takes_a_division_of_the_scores(masked):
+    t = attention_pass.MIN_KEYS + 4
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 4, t, 36, generator=gen) for _ in range(3))
+    mask = torch.randn(2, 1, t, t, generator=gen) * 3
+    model = Divided(masked)
+    func = _optimized(model, (q, k, v, mask), "llvm")
+    call = next(n for n in post_order(func.body) if isinstance(n, Call) and n.op == "nn.attention")
+    assert math.isclose(call.attrs["scale"], 1 / 6, rel_tol=1e-6)
+    assert "divide" not in _ops(func)
+    cm = tecc.compile(model, (q, k, v, mask))
+    assert max_rel_error(cm(q, k, v, mask), model(q, k, v, mask)) < 1e-4
+
+
 # -------------------------------------------------------------------- the template
 
 # (q shape, keys, value size, mask shape): ragged keys (20 of 32 padded) and a mask

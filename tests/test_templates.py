@@ -161,6 +161,41 @@ def test_injective_group_is_a_task(target):
     assert info[0].config == task.fallback_config().to_json()
 
 
+def _se_scale_model() -> Function:
+    """RegNet's squeeze-excitation scale in blocks of 8 channels on a 16-lane target:
+    a per-channel scale computed in 16-channel blocks, reshaped to 8-channel ones and
+    multiplied into the activation."""
+    x = Var("x", TensorType((1, 4, 6, 5, 8), "float32"))
+    s = Var("s", TensorType((1, 2, 1, 1, 16), "float32"))
+    scale = Call("layout_transform", [s], {"src_layout": "NCHW16c", "dst_layout": "NCHW8c"})
+    return Function([x, s], Call("multiply", [x, scale]))
+
+
+def _block_change_model() -> Function:
+    x = Var("x", TensorType((1, 2, 6, 5, 16), "float32"))
+    return Function([x], Call("layout_transform", [x], {"src_layout": "NCHW16c",
+                                                         "dst_layout": "NCHW8c"}))
+
+
+@pytest.mark.parametrize("case", ["block_change", "se_scale", "elementwise", "transpose"])
+def test_injective_fallback_vectors_follow_the_runs_its_inputs_read(case):
+    """On 16 lanes, a group whose inputs are read in runs of 8 along the flat output
+    (a 16- to 8-channel layout_transform, a per-channel scale in 8-channel blocks) gets
+    vectors of 8 along the last axis instead of 16 gathered across runs; a plain
+    elementwise group keeps its 16 lanes, and a transpose (read strided,
+    no run) its 16 lanes. Every fallback matches numpy."""
+    x = Var("x", TensorType((3, 5, 16), "float32"))
+    func = {"block_change": _block_change_model, "se_scale": _se_scale_model,
+            "elementwise": lambda: Function([x], Call("sigmoid", [Call("add", [x, x])])),
+            "transpose": _injective_model}[case]()
+    (task,) = extract_tasks(func, TARGETS[1])
+    fallback = task.fallback_config().to_json()
+    want = {"block_change": ("inner", 8), "se_scale": ("inner", 8),
+            "elementwise": ("inner", 16), "transpose": ("all", 16)}[case]
+    assert (fallback["fuse"], fallback["vec"]) == want, fallback
+    _check_configs(task, [task.fallback_config()])
+
+
 def test_injective_ragged_last_axis_tests_only_its_tail():
     """A last axis no step divides (60 = 3 x 16 + 12 on 8 lanes, unroll 2) keeps its
     step loop out of the parallel fuse, and after TIR's LoopPartition only the partial

@@ -181,7 +181,9 @@ def simplify(func: Function) -> Function:
             if x is not kids[0] or axes != tuple(attrs["axes"]):
                 return Call("transpose", (x,), {"axes": axes}, span=node.span)
             return None
-        if op == "broadcast_to" and kids[0].shape == node.shape:
+        if op in ("broadcast_to", "image.resize2d") and kids[0].shape == node.shape:
+            # a resize to the size it has samples every pixel at itself, in every mode
+            # (SegFormer's decode head interpolates its 56 x 56 map to 56 x 56)
             return kids[0]
         if op == "strided_slice" and _strided_slice_is_identity(node, kids[0]):
             return kids[0]

@@ -122,6 +122,10 @@ def test_simplify_drops_noops():
     y = call("transpose", y, axes=(0, 1, 2))
     y = call("broadcast_to", y, shape=(2, 3, 4))
     y = call("strided_slice", y, begin=(0,), end=(3,), strides=(1,), axes=(1,))
+    y = call("reshape", y, newshape=(1, 2, 3, 4))
+    for method in ("nearest", "linear", "linear_align_corners"):
+        y = call("image.resize2d", y, size=(3, 4), method=method)
+    y = call("reshape", y, newshape=(2, 3, 4))
     y = call("multiply", y, const(1.0))
     y = call("add", const([0.0]), y)
     y = call("subtract", y, const(0.0))
@@ -146,6 +150,7 @@ def test_simplify_keeps_what_changes_values():
         call("multiply", x, const(2.0)),
         call("add", x, const(1.0)),
         call("broadcast_to", x, shape=(3, 4)),
+        call("image.resize2d", call("reshape", x, newshape=(1, 1, 2, 2)), size=(2, 3)),
     ]
     for expr in kept:
         f = Function([x], expr)

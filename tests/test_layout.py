@@ -23,8 +23,10 @@ from tecc.graph_opt.pass_manager import PassContext, TuningCallbacks
 from tecc.graph_opt.pipeline import optimize
 from tecc.schedules.lower import lower_primitive
 
+import tecc
 from tecc import runtime
 from tecc.build import build
+from tests.util import runs_on_host
 
 TARGET = tvm.target.Target({"kind": "llvm", "mcpu": "core-avx2", "num-cores": 2})
 AVX512 = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2})
@@ -129,6 +131,38 @@ def test_consecutive_convs_keep_the_layout_and_odd_channels_stay_nchw():
     assert len(calls(new, "layout_transform")) == 1
     xv = rand((1, 3, 16, 16), 4)
     np.testing.assert_allclose(run(new, [xv]), run(func, [xv]), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_odd_output_channels_run_blocked_on_padded_filters(k):
+    """150 output channels (SegFormer's classes) on AVX-512: no block of 32, 16 or 8
+    divides them, 152 wastes 1%: the conv runs in blocks of 8 on 152 filters, the last
+    two zero, and the transform back to NCHW slices them off, bias add included. A
+    small plane stays in NCHW."""
+    x = Var("x", TensorType((1, 32, 10, 10), "float32"))
+    y = Call("nn.bias_add", [conv(x, 150, 6, k=k), const((150,), 7)], {"axis": 1})
+    func = Function([x], Call("relu", [y]))
+    new = convert(func, target=AVX512, winograd_tile=lambda conv, lanes: 0)
+    (blocked,) = calls(new, "nn.conv2d_NCHWc")
+    assert blocked.shape == (1, 19, 10, 10, 8) and not calls(new, "nn.conv2d")
+    assert np.all(blocked.args[1].data[-1, ..., -2:] == 0)
+    (sliced,) = calls(new, "strided_slice")
+    assert sliced.shape == (1, 150, 10, 10) and sliced.args[0].op == "layout_transform"
+    xv = rand((1, 32, 10, 10), 8)
+    np.testing.assert_allclose(run(new, [xv]), run(func, [xv]), rtol=1e-4, atol=1e-5)
+    s = Var("s", TensorType((1, 32, 7, 7), "float32"))
+    assert not calls(convert(Function([s], conv(s, 150, 6, k=k)), target=AVX512),
+                     "nn.conv2d_NCHWc")
+
+
+def test_a_segmentation_head_on_padded_filters_matches_eager():
+    model = torch.nn.Sequential(torch.nn.Conv2d(48, 150, 1), torch.nn.Sigmoid()).eval()
+    x = torch.randn(1, 48, 16, 16)
+    compiled = tecc.compile(model, (x,), target="llvm:skylake-avx512")
+    assert "strided_slice" in " ".join(k["name"] for k in compiled.plan["kernels"])
+    if runs_on_host(AVX512):
+        with torch.no_grad():
+            np.testing.assert_allclose(compiled(x), model(x).numpy(), rtol=1e-5, atol=1e-5)
 
 
 def test_rgb_input_read_in_place_with_a_one_channel_block():

@@ -196,6 +196,24 @@ def test_injective_fallback_vectors_follow_the_runs_its_inputs_read(case):
     _check_configs(task, [task.fallback_config()])
 
 
+def test_injective_concatenate_computes_each_branch_in_its_own_loop():
+    """A concatenate along an outer axis of two computed inputs: the fallback's fused
+    parallel loop is partitioned at the inputs' bound (TIR's LoopPartition), so no
+    if_then_else is left to compute both branches for every vector; it matches numpy."""
+    a = Var("a", TensorType((1, 3, 5, 6, 16), "float32"))
+    b = Var("b", TensorType((1, 2, 5, 6, 16), "float32"))
+    func = Function([a, b], Call("concatenate", [Call("exp", [a]), Call("sigmoid", [b])],
+                                 {"axis": 1}))
+    (task,) = extract_tasks(func, TARGETS[1])
+    (prim,) = _check_configs(task, [task.fallback_config()]).values()
+    lowered = tvm.ir.transform.Sequential([
+        tvm.s_tir.transform.ConvertBlocksToOpaque(), tvm.s_tir.transform.LowerOpaqueBlock(),
+        tvm.s_tir.transform.LoopPartition(), tvm.tirx.transform.StmtSimplify(),
+    ])(tvm.IRModule({"k": prim}))["k"].script()
+    assert "if_then_else" not in lowered, lowered
+    assert lowered.count("T.vectorized") == 2
+
+
 def test_injective_ragged_last_axis_tests_only_its_tail():
     """A last axis no step divides (60 = 3 x 16 + 12 on 8 lanes, unroll 2) keeps its
     step loop out of the parallel fuse, and after TIR's LoopPartition only the partial

@@ -247,15 +247,18 @@ class Divided(torch.nn.Module):
 def test_pass_takes_a_division_of_the_scores(masked):
     t = attention_pass.MIN_KEYS + 4
     gen = torch.Generator().manual_seed(3)
-    q, k, v = (torch.randn(2, 4, t, 36, generator=gen) for _ in range(3))
+    q, k, v = (torch.randn(2, 4, t, 48, generator=gen) for _ in range(3))
     mask = torch.randn(2, 1, t, t, generator=gen) * 3
     model = Divided(masked)
     func = _optimized(model, (q, k, v, mask), "llvm")
     call = next(n for n in post_order(func.body) if isinstance(n, Call) and n.op == "nn.attention")
-    assert math.isclose(call.attrs["scale"], 1 / 6, rel_tol=1e-6)
+    assert math.isclose(call.attrs["scale"], 1 / math.sqrt(48), rel_tol=1e-6)
     assert "divide" not in _ops(func)
     cm = tecc.compile(model, (q, k, v, mask))
     assert max_rel_error(cm(q, k, v, mask), model(q, k, v, mask)) < 1e-4
+    # MobileViT's 36-wide heads are no whole number of vectors: left unfused
+    narrow = tuple(x[..., :36] for x in (q, k, v))
+    assert "nn.attention" not in _ops(_optimized(model, (*narrow, mask), "llvm:skylake-avx512"))
 
 
 # -------------------------------------------------------------------- the template

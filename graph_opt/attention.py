@@ -57,20 +57,23 @@ class AttentionMatch:
     scores_shape: tuple[int, ...]  # the softmax's input: [batch..., M, N]
 
 
+def _finite_scalar(expr: Expr) -> float | None:
+    value = scalar_value(expr)
+    if value is None or isinstance(value, bool) or not np.isfinite(value):
+        return None
+    return float(value)
+
+
 def _scalar_factor(call: Call) -> tuple[int, float] | None:
     """(index of the tensor operand, the factor) of a multiply by a scalar constant,
     or of a division by one (S / sqrt(d), as MobileViT and SegFormer write it)."""
-    if call.op == "divide":
-        value = scalar_value(call.args[1])
-        if value is not None and not isinstance(value, bool) and np.isfinite(value) \
-                and value != 0 and call.args[0].shape == call.shape:
-            return 0, 1.0 / float(value)
-        return None
-    for i in (0, 1):
-        value = scalar_value(call.args[1 - i])
-        if value is not None and not isinstance(value, bool) and np.isfinite(value) \
-                and call.args[i].shape == call.shape:
-            return i, float(value)
+    sides = (0,) if call.op == "divide" else (0, 1)
+    for i in sides:
+        value = _finite_scalar(call.args[1 - i])
+        if value is not None and call.args[i].shape == call.shape:
+            if call.op != "divide":
+                return i, value
+            return (0, 1.0 / value) if value != 0 else None
     return None
 
 

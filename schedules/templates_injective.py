@@ -75,8 +75,8 @@ class InjectiveTemplate(Template):
                   "vec": ctx.lanes if total >= ctx.lanes else 1,
                   "unroll": 2 if total >= 64 * ctx.lanes else 1,
                   "chunks": -1 if total >= PARALLEL_MIN_WORK else 0}
-        run = contiguous_run(ctx.sch)
-        if 2 <= run < values["vec"] and len(exts) > 1:
+        run = contiguous_run(ctx.sch) if values["vec"] > 2 and len(exts) > 1 else 0
+        if 2 <= run < values["vec"]:
             # An input read in runs shorter than a vector (a layout_transform from 16-
             # to 8-channel blocks reads 8 floats, then jumps): vectors of the run
             # along the last axis, not a gather across runs (RegNetY's 48x112x112
@@ -109,19 +109,21 @@ def contiguous_run(sch: Schedule) -> int:
         if not ivars or any(not isinstance(e, tirx.IntImm) for e in extents):
             return 1
         out_strides = [math.prod(int(e) for e in extents[i + 1:]) for i in range(len(ivars))]
+        ranges = {iv.var: iv.dom for iv in stmt.iter_vars}
         analyzer = sym.Analyzer()
-        for iv in stmt.iter_vars:
-            analyzer.bind(iv.var, iv.dom)
+        for var, dom in ranges.items():
+            analyzer.bind(var, dom)
         for read in stmt.reads:
             shape = [int(d) for d in read.source.shape]
             flat = sum((rng.min * math.prod(shape[i + 1:])
                         for i, rng in enumerate(read.region)), tirx.const(0, "int32"))
             flat = analyzer.simplify(flat)
-            read_run = _last_axis_run(flat, ivars[-1], int(extents[-1]),
-                                      {iv.var: iv.dom for iv in stmt.iter_vars})
+            read_run = 1
             for first in range(len(ivars) - 1, -1, -1):
                 coefficients = sym.detect_linear_equation(flat, ivars[first:])
                 if len(coefficients) != len(ivars) - first + 1:
+                    if first == len(ivars) - 1:  # not affine in the last axis
+                        read_run = _last_axis_run(flat, ivars[-1], int(extents[-1]), ranges)
                     break
                 steps = [int(c) if isinstance(c, tirx.IntImm) else None
                          for c in coefficients[:-1]]

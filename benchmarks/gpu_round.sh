@@ -5,6 +5,7 @@
 # `gemm` the matmul template's tiles, `winograd` Winograd against the direct conv per
 # layer, `reduce` and `injective` the row-reduction and injective templates against
 # dlight and torch,
+# `attention ARGS` the fused attention against the unfused chain and torch's SDPA,
 # `efficiency ARGS` benchmarks/tuner_efficiency.py --target cuda, `tune RECORDS
 # MODEL:TRIALS...` tunes each model for cuda into RECORDS (a copy goes to $OUT after
 # each). Logs and results go to $OUT when it is set. `bench` merges its rows into the
@@ -24,7 +25,7 @@ case "${1:-}" in
     root=$PWD
     (cd /tmp && python3 -m pytest -q -p no:cacheprovider --import-mode=append --timeout=600 \
       "$root/tests/test_cuda.py" "$root/tests/test_gpu_tuning.py" "$root/tests/test_gpu_reduce.py" \
-      "$root/tests/test_gpu_injective.py" \
+      "$root/tests/test_gpu_injective.py" "$root/tests/test_gpu_attention.py" \
       "$@") 2>&1 | tee "$OUT/tests.log";;
   bench)
     shift
@@ -43,6 +44,10 @@ case "${1:-}" in
     shift
     python3 benchmarks/gpu_injective.py "$@" 2>&1 | tee "$OUT/gpu_injective.log"
     cp benchmarks/results/gpu_injective.md "$OUT/";;
+  attention)
+    shift
+    python3 benchmarks/gpu_attention.py "$@" 2>&1 | tee "$OUT/gpu_attention.log"
+    cp benchmarks/results/gpu_attention.md "$OUT/";;
   reduce)
     shift
     python3 benchmarks/gpu_reduce.py "$@" 2>&1 | tee "$OUT/gpu_reduce.log"
@@ -68,7 +73,7 @@ case "${1:-}" in
       cp "$records" "$OUT/"
     done;;
   *) echo "usage: gpu_round.sh tests [pytest args] | bench [e2e_gpu args] | gemm [args] |" \
-          "reduce [args] | injective [args] | winograd [args] |" \
+          "reduce [args] | injective [args] | attention [args] | winograd [args] |" \
           "efficiency [args] | tune RECORDS MODEL:TRIALS..." >&2
      exit 2;;
 esac

@@ -18,9 +18,12 @@ in L2 instead of writing the [M, N] scores, reading them in the softmax and agai
 P V. The scores and probabilities must have no other use (an attention-weights
 output keeps the unfused form).
 
-Where: CPU (llvm) targets only (PassContext's target; none and GPU targets leave the
-IR as it is: there is no GPU template), float32, at least MIN_KEYS keys, and a value
-size Dv of whole vectors (or a divisor of one).
+Where (PassContext's target; without one the IR stays as it is), float32:
+- CPU (llvm): at least MIN_KEYS keys, and a value size Dv of whole vectors (or a
+  divisor of one);
+- CUDA: where the GPU template (schedules/gpu_attention.py) keeps a block's logits and
+  probabilities in shared memory: at most MAX_GPU_KEYS keys, query rows in blocks of
+  GPU_ROW_BLOCK, Dv in whole GPU_COLUMN_BLOCKs (see gpu_fits).
 """
 
 from __future__ import annotations
@@ -40,6 +43,12 @@ from tecc.graph_opt.patterns import is_op, reshaped, scalar_value, use_counts
 # at BERT's 12 x 128 x 64, 0.96 / 1.37 at ViT's 12 x 197 x 64, 20 / 35 at Whisper's
 # 6 x 1500 x 64: it pays from 32 keys on; shorter sequences were not measured.
 MIN_KEYS = 32
+# The GPU template's limits: its smallest block (8 query rows) holds the logits and
+# probabilities of every key in shared memory (2 x 8 x 512 floats: 32 KB of the 48 KB
+# a block may have), and splits M and Dv into whole thread tiles.
+MAX_GPU_KEYS = 512
+GPU_ROW_BLOCK = 8
+GPU_COLUMN_BLOCK = 8
 
 
 @dataclass
@@ -174,15 +183,23 @@ def _sizes_fit(match: AttentionMatch) -> bool:
                                       else match.k.shape[-1]))
 
 
+def gpu_fits(match: AttentionMatch) -> bool:
+    """Whether the GPU template takes the attention (module docstring)."""
+    *_, m, n = match.scores_shape
+    dv = match.v.shape[-1]
+    return (n <= MAX_GPU_KEYS and m % GPU_ROW_BLOCK == 0 and dv % GPU_COLUMN_BLOCK == 0
+            and match.q.shape[-1] % 4 == 0)
+
+
 @register_pass("fuse_attention", opt_level=3)
 def fuse_attention(func: Function) -> Function:
-    """`func` with its attention chains of at least MIN_KEYS keys as nn.attention, on
-    a CPU target (see the module docstring); any other target, or none, leaves it."""
+    """`func` with its attention chains as nn.attention where the target's template
+    takes them (see the module docstring); no target leaves it as it is."""
     info = PassContext.current().target
-    if info is None or not info.is_cpu:
+    if info is None or not (info.is_cpu or info.is_gpu):
         return func
     uses = use_counts(func)
-    lanes = info.vector_lanes("float32")
+    lanes = info.vector_lanes("float32") if info.is_cpu else 0
 
     def visit(node: Expr, kids: tuple[Expr, ...]) -> Expr | None:
         if not is_op(node, "nn.matmul") or node.dtype != "float32":
@@ -190,7 +207,11 @@ def fuse_attention(func: Function) -> Function:
         assert isinstance(node, Call)
         new = Call(node.op, kids, node.attrs, node.span) if kids != node.args else node
         match = match_attention(node, new, uses)
-        if match is None or match.scores_shape[-1] < MIN_KEYS or not _sizes_fit(match):
+        if match is None or not _sizes_fit(match):
+            return None
+        if info.is_gpu:
+            return attention_call(match, node) if gpu_fits(match) else None
+        if match.scores_shape[-1] < MIN_KEYS:
             return None
         dv = match.v.shape[-1]
         if dv % lanes and lanes % dv:

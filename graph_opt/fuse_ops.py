@@ -30,8 +30,11 @@ from tecc.graph_opt.pass_manager import PassContext, register_pass
 # (schedules/gpu_matmul.py), inlining the fetch's producers there.
 LOAD_FUSING_ANCHORS = frozenset({"nn.dense", "nn.matmul"})
 # Row reductions whose GPU template (schedules/gpu_reduce.py) inlines its producers into
-# the row's passes: attention's mask add is read with the scores.
-ROW_FUSING_ANCHORS = frozenset({"nn.softmax", "nn.safe_softmax", "nn.log_softmax"})
+# the row's passes: attention's mask add is read with the scores; and the fused
+# attention (schedules/gpu_attention.py), whose shared-memory fetches of Q, K and V
+# read through the head splits, and whose logits read the mask.
+ROW_FUSING_ANCHORS = frozenset({"nn.softmax", "nn.safe_softmax", "nn.log_softmax",
+                                "nn.attention"})
 
 
 def _anchors_take_producers() -> bool:

@@ -69,6 +69,7 @@ TEMPLATE_MODULES = (
     "tecc.schedules.gpu_reduce",
     "tecc.schedules.gpu_winograd",
     "tecc.schedules.gpu_injective",
+    "tecc.schedules.gpu_attention",
 )
 # The anchor kind of a group of injective ops (it has no "tecc.anchor" block).
 INJECTIVE_KIND = "injective"

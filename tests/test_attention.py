@@ -169,11 +169,18 @@ def test_pass_fuses_attention_on_cpu(masked):
         assert max_rel_error(cm(x, mask), Explicit(masked=masked)(x, mask)) < 1e-4
 
 
-def test_pass_leaves_gpu_short_and_shared_chains():
+def test_pass_leaves_short_and_shared_chains_and_what_the_gpu_template_cannot_take():
     t = attention_pass.MIN_KEYS
     x, mask = torch.randn(1, t, 32), torch.randn(1, 1, t, t)
-    assert "nn.attention" not in _ops(_optimized(Explicit(), (x, mask), "cuda:sm_90"))
     assert "nn.attention" not in _ops(_optimized(Explicit(), (x, mask), None))
+    gpu = "cuda:sm_90"
+    assert "nn.attention" in _ops(_optimized(Explicit(), (x, mask), gpu))
+    # rows not in whole blocks of 8, more keys than the shared memory holds
+    odd = attention_pass.GPU_ROW_BLOCK * 2 + 2
+    assert "nn.attention" not in _ops(_optimized(Explicit(), (x[:, :odd], mask), gpu))
+    long = attention_pass.MAX_GPU_KEYS + 8
+    assert "nn.attention" not in _ops(_optimized(Explicit(), (torch.randn(1, long, 32),
+                                                              mask), gpu))
     short = t // 2
     assert "nn.attention" not in _ops(_optimized(
         Explicit(), (x[:, :short], mask[..., :short, :short]), "llvm"))

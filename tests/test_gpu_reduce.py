@@ -191,7 +191,10 @@ def test_attention_mask_softmax_is_one_op_and_matches_torch_on_cpu():
 
 
 def test_attention_builds_for_cuda_with_the_softmax_template():
-    inputs = _attention_inputs()
+    # 12 queries: rows the fused attention's GPU template does not take (whole blocks
+    # of 8), so the chain keeps its masked softmax
+    q, k, v, mask = _attention_inputs()
+    inputs = (q[..., :12, :].contiguous(), k, v, mask[..., :12, :].contiguous())
     compiled = tecc.compile(_Attention(), inputs, target=f"cuda:{ARCH}")
     softmax = [t for t in compiled.tasks() if t["template"] == "softmax"]
     assert softmax and all(t["source"] == "fallback" for t in softmax), compiled.tasks()

@@ -95,7 +95,7 @@ def sweep_configs(cpu_inputs: list[torch.Tensor], arch: str, count: int,
         lib = compile_cuda(tvm.IRModule({"k": prim}), info.tvm_target)
         lib["k"](*args, out)
         error = float((torch.from_numpy(out.numpy()) - reference).abs().max())
-        timer = lib.time_evaluator("k", dev, number=50, repeat=7)
+        timer = lib.mod.time_evaluator("k", dev, number=50, repeat=7)
         us = statistics.median(timer(*args, out).results) * 1e6
         rows.append((f"fallback {applied[0].config}" if config is None else str(config),
                      us, error))

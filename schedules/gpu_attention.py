@@ -298,13 +298,24 @@ def schedule_attention(sch: Schedule, anchor: Any, config: Config,
     auto_inline_producers(sch, v_shared)
     vector = 4 if dv % 4 == 0 and n_step * dv % (threads * 4) == 0 else 1
     _cooperative(sch, v_shared, _depth(sch, j_o, v_shared), ty, tx, vector)
+    # P's fragment: four keys of each of the thread's rows, one 128-bit shared load a
+    # row (read by every thread of the row: broadcast), where the step has whole fours
+    key_loops = [j_i]
+    if n_step % 4 == 0:
+        j_4, j_v = sch.split(j_i, [None, 4])
+        key_loops = [j_4, j_v]
+        p_index = next(i for i, r in enumerate(sch.get(anchor).reads)
+                       if r.source.same_as(exp_buffer))
+        p_frag = sch.cache_read(anchor, p_index, "local", consumer_blocks=[anchor])
+        sch.compute_at(p_frag, j_4, preserve_unit_loops=True)
+        sch.vectorize(sch.get_loops(p_frag)[-1])
     v_frag = sch.cache_read(anchor, _read_index(sch, anchor, exp_buffer), "local")
-    sch.compute_at(v_frag, j_i, preserve_unit_loops=True)
+    sch.compute_at(v_frag, key_loops[-1], preserve_unit_loops=True)
     if columns % 4 == 0:
         _, lanes = sch.split(sch.get_loops(v_frag)[-1], [None, 4])
         sch.vectorize(lanes)
     sch.decompose_reduction(anchor, j_o)
-    for loop in (j_i, a_i, a_c):
+    for loop in (*key_loops, a_i, a_c):
         sch.unroll(loop)
 
     # The softmax under the block loop, its rows blocked per threadIdx.y as P V's: a
@@ -320,7 +331,10 @@ def schedule_attention(sch: Schedule, anchor: Any, config: Config,
         sch.set_scope(block, 0, "local")
         _bind_rows_keys(sch, _below(sch, block, depth), ty, tx)
     sch.set_scope(exp, 0, "shared")
-    sch.storage_align(exp, 0, axis=_ndim(exp_buffer) - 2, factor=32, offset=1)  # P V reads rows of 2 ty
+    # rows padded: a warp of 2 ty reads two rows in distinct banks; by 4 where P V
+    # loads four keys at once (16-byte aligned rows)
+    sch.storage_align(exp, 0, axis=_ndim(exp_buffer) - 2, factor=32,
+                      offset=PAD if n_step % 4 == 0 else 1)
     _bind_rows_keys(sch, _below(sch, exp, depth), ty, tx)
 
     # Q K^T: the logits tile per thread (rows blocked, keys blocked), the scores in

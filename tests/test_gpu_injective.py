@@ -152,7 +152,7 @@ def test_injective_fallback_keeps_every_multiprocessor_busy():
     assert fallback_values(10, 1, 132) == {"threads": 64, "vector": 1}
 
 
-def test_bert_on_the_gpu_has_no_layout_kernel_and_its_softmax_reads_the_mask():
+def test_bert_on_the_gpu_has_no_layout_kernel_and_its_attention_reads_the_mask():
     import tecc
     from tests.models import bert_encoder
 
@@ -164,15 +164,17 @@ def test_bert_on_the_gpu_has_no_layout_kernel_and_its_softmax_reads_the_mask():
     kernels = compiled.build_result.kernels
     templates = {name: [(a.template, a.source) for a in k.templates]
                  for name, k in kernels.items()}
-    # the head splits and merges are fetched by the matmuls (fuse_ops'
-    # LOAD_FUSING_ANCHORS): no kernel of layout ops alone is left
-    assert not [name for name in kernels if "transpose" in name and "matmul" not in name
-                and "dense" not in name], templates
-    # each layer's mask add is read by its softmax (ROW_FUSING_ANCHORS); the mask,
-    # computed once from the int64 attention mask, is an injective group (scalar lanes)
-    softmax = [name for name in kernels if "softmax" in name]
-    assert len(softmax) == 1 and "add" in kernels[softmax[0]].ops, templates
-    assert kernels[softmax[0]].calls == 2
+    # the head splits are fetched by the fused attention and the head merges by the
+    # dense after it (fuse_ops' ROW_FUSING and LOAD_FUSING anchors): no kernel of
+    # layout ops alone is left
+    assert not [name for name in kernels if "transpose" in name and not any(
+        anchor in name for anchor in ("matmul", "dense", "attention"))], templates
+    # each layer's Q K^T, masked softmax and P V are one kernel reading the mask,
+    # which is computed once from the int64 attention mask by an injective group
+    attention = [name for name in kernels if "attention" in name]
+    assert len(attention) == 1 and kernels[attention[0]].calls == 2, templates
+    assert templates[attention[0]] == [("attention", "fallback")], templates
+    assert not [name for name in kernels if "softmax" in name or "matmul" in name], templates
     mask_kernels = [name for name in kernels if "cast" in name]
     assert len(mask_kernels) == 1, templates
     assert templates[mask_kernels[0]] == [("injective", "fallback")], templates

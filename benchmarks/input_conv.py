@@ -6,10 +6,13 @@ the fallback configs in the same process and timed interleaved:
 - "NCHW in place" (tecc's rule): blocks of 1 channel, the model's NCHW input read as
   it is (a reshape, no layout_transform);
 - "all 3 channels" (the previous rule): [N, 1, H, W, 3], after a layout_transform.
+With `--compare tiles`, the fallback's column tile of such a conv (one input channel
+per step, overlapping kw taps: templates_conv.TAP_SHARING_SHARE) instead: the full
+accumulator budget against half of it (tecc's rule).
 Targets: the host's (llvm) and AVX2 (llvm:core-avx2), which runs on any x86-64 host
 with AVX2, so both are measured on one machine.
 
-    python benchmarks/input_conv.py [--targets llvm,llvm:core-avx2]
+    python benchmarks/input_conv.py [--targets llvm,llvm:core-avx2] [--compare tiles]
 """
 
 from __future__ import annotations
@@ -44,6 +47,30 @@ def use_rule(rule) -> None:
     templates_conv.in_block = rule
 
 
+def tap_share(share: float) -> None:
+    templates_conv.TAP_SHARING_SHARE = share
+
+
+HALF_TILE = templates_conv.TAP_SHARING_SHARE
+# per comparison: the two variants (label, how to set it up), the table's name and title
+COMPARISONS = {
+    "blocks": ((("all 3 channels", lambda: use_rule(all_channels_block)),
+                ("NCHW in place (tecc)", lambda: use_rule(IN_PLACE))),
+               "input_conv", "The conv on the RGB input: its untuned input block (median ms)",
+               "reading NCHW in place is faster"),
+    "tiles": ((("full column tile", lambda: tap_share(1.0)),
+               ("half column tile (tecc)", lambda: tap_share(HALF_TILE))),
+              "input_conv_tiles",
+              "The conv on the RGB input: its fallback column tile (median ms)",
+              "the half tile is faster"),
+}
+
+
+def restore() -> None:
+    use_rule(IN_PLACE)
+    tap_share(HALF_TILE)
+
+
 def models() -> dict[str, tuple[torch.nn.Module, tuple[torch.Tensor, ...]]]:
     torch.manual_seed(0)
     x = torch.randn(1, 3, 224, 224)
@@ -64,7 +91,10 @@ def models() -> dict[str, tuple[torch.nn.Module, tuple[torch.Tensor, ...]]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--targets", default="llvm,llvm:core-avx2")
+    parser.add_argument("--compare", choices=sorted(COMPARISONS), default="blocks")
     args = parser.parse_args()
+    variants, table, title, better = COMPARISONS[args.compare]
+    (first, _), (second, _) = variants
     rows = []
     for target in args.targets.split(","):
         for name, (model, inputs) in models().items():
@@ -72,26 +102,25 @@ def main() -> None:
             with torch.no_grad():
                 want = model(*inputs).numpy()
             built = {}
-            for label, rule in (("all 3 channels", all_channels_block),
-                                ("NCHW in place", IN_PLACE)):
-                use_rule(rule)
+            for label, set_up in variants:
+                set_up()
                 built[label] = tecc.compile(model, inputs, target=target)
-            use_rule(IN_PLACE)
+            restore()
             for label, cm in built.items():
                 err = np.abs(np.asarray(cm(x)) - want).max() / np.abs(want).max()
                 if err > 1e-4:
                     raise AssertionError(f"{name} {label}: relative error {err:.1e}")
             ms = interleaved_ms({k: (lambda cm=cm, x=x: cm(x)) for k, cm in built.items()},
                                 rounds=9)
-            ratio = ms["all 3 channels"] / ms["NCHW in place"]
-            rows.append([target, name, f"{ms['all 3 channels']:.3f}",
-                         f"{ms['NCHW in place']:.3f}", f"{ratio:.2f}x"])
+            ratio = ms[first] / ms[second]
+            rows.append([target, name, f"{ms[first]:.3f}", f"{ms[second]:.3f}", f"{ratio:.2f}x"])
             print(rows[-1], flush=True)
-    write_table("input_conv", "The conv on the RGB input: its untuned input block (median ms)",
-                ["target", "model", "all 3 channels", "NCHW in place (tecc)", "speedup"], rows,
+    command = "python benchmarks/input_conv.py" + (
+        f" --compare {args.compare}" if args.compare != "blocks" else "")
+    write_table(table, title, ["target", "model", first, second, "speedup"], rows,
                 [host_line(), "Fallback configs, batch 1, 224x224, both variants built in one "
-                 "process and timed in interleaved rounds; ratios above 1 mean reading NCHW in "
-                 "place is faster.", "Command: `python benchmarks/input_conv.py`."])
+                 f"process and timed in interleaved rounds; ratios above 1 mean {better}.",
+                 f"Command: `{command}`."])
 
 
 if __name__ == "__main__":

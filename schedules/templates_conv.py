@@ -114,6 +114,17 @@ def ow_tiles(ow: int) -> list[int]:
 DEPTHWISE_ACCUMULATORS = 8
 
 
+# A conv that reads one input channel per step (ic_bn 1: the stem convs on RGB) with
+# its unrolled kw taps overlapping from column to column (kw > stride) loads each
+# input value once for several taps; LLVM keeps those values live across the tile, so
+# a full accumulator tile spills. Half the budget measured faster on AVX-512 (2
+# threads, fallback configs, results/input_conv_tiles.md): ResNet's 7x7/2 stem 1.20x,
+# MobileNetV2's 3x3/2 1.21x. Not below MIN_FMAS_IN_FLIGHT accumulators (two FMA ports
+# of 4 cycles' latency): AVX2's half tile, 6, ran its 7x7 stem 0.84x.
+TAP_SHARING_SHARE = 0.5
+MIN_FMAS_IN_FLIGHT = 8
+
+
 def default_ow_tile(ow: int, oc_bn: int, lanes: int, accumulators: int | None = None) -> int:
     """The widest column tile the accumulator budget (or `accumulators` vectors)
     allows, evened out over the width so that the tail tile is not a sliver (7
@@ -182,7 +193,13 @@ class Conv2dNCHWcTemplate(_ConvBase):
                         blocks: tuple[int, int] | None = None) -> dict[str, Any]:
         d = conv_dims(wl)
         ic_bn, oc_bn = blocks or _default_blocks(d, lanes)
-        return {"ic_bn": ic_bn, "oc_bn": oc_bn, "tile_ow": default_ow_tile(d["ow"], oc_bn, lanes),
+        accumulators = None
+        if ic_bn == 1 and d["kw"] > wl["strides"][1]:
+            vecs = max(1, -(-oc_bn // lanes))
+            half = int(accumulator_budget(lanes, vecs) * TAP_SHARING_SHARE)
+            accumulators = half if half >= MIN_FMAS_IN_FLIGHT else None
+        return {"ic_bn": ic_bn, "oc_bn": oc_bn,
+                "tile_ow": default_ow_tile(d["ow"], oc_bn, lanes, accumulators),
                 "tile_oh": 1, "unroll_kw": d["kw"] <= 7, "reduce_order": "icc_kh_kw"}
 
     def fallback(self, space: ConfigSpace, ctx: ScheduleContext) -> Config:

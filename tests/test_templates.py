@@ -378,6 +378,30 @@ def test_fallback_reads_target():
     assert avx2["tile_n"] % 8 == 0 and avx512["tile_n"] % 16 == 0
 
 
+def test_stem_conv_fallback_halves_its_column_tile():
+    """A conv reading one input channel per step with overlapping kw taps (the RGB
+    stem) keeps half the accumulators in its fallback tile where half is enough to
+    fill the FMA pipes; a 1x1 conv on the same channels, and a conv of wider input
+    blocks, keep the full budget."""
+    from tecc.schedules.templates_conv import Conv2dNCHWcTemplate
+
+    template = Conv2dNCHWcTemplate()
+    lanes = 16
+    stem = template.fallback_values(_conv(3, 224, 64, 7, 2, 3), lanes, (1, 16))
+    pointwise = template.fallback_values(_conv(3, 112, 64, 1, 1, 0), lanes, (1, 16))
+    blocked = template.fallback_values(_conv(16, 112, 64, 7, 2, 3), lanes, (16, 16))
+    assert pointwise["tile_ow"] == blocked["tile_ow"] == 28
+    assert stem["tile_ow"] == 14
+    # on 8 lanes the half tile would leave too few FMAs in flight: the full tile
+    avx2 = template.fallback_values(_conv(3, 224, 64, 7, 2, 3), 8, (1, 16))
+    assert avx2["tile_ow"] == template.fallback_values(
+        _conv(3, 112, 64, 1, 1, 0), 8, (1, 16))["tile_ow"]
+    # the halved tile still computes the conv
+    task = _task("conv_b")
+    assert task.fallback_config()["ic_bn"] == 1
+    _check_configs(task, [task.fallback_config()])
+
+
 def test_lower_primitive_config_and_info():
     x = Var("x", TensorType((6, 16), "float32"))
     w = Var("w", TensorType((2, 16, 8), "float32"))

@@ -125,12 +125,16 @@ TAP_SHARING_SHARE = 0.5
 MIN_FMAS_IN_FLIGHT = 8
 
 
-def default_ow_tile(ow: int, oc_bn: int, lanes: int, accumulators: int | None = None) -> int:
+def default_ow_tile(ow: int, oc_bn: int, lanes: int, accumulators: int | None = None,
+                    share: float = 1.0) -> int:
     """The widest column tile the accumulator budget (or `accumulators` vectors)
     allows, evened out over the width so that the tail tile is not a sliver (7
-    columns: 4 + 3, not 6 + 1)."""
+    columns: 4 + 3, not 6 + 1); `share` of the budget where that keeps
+    MIN_FMAS_IN_FLIGHT accumulators."""
     vecs = max(1, -(-oc_bn // lanes))
     budget = accumulator_budget(lanes, vecs) if accumulators is None else accumulators
+    if int(budget * share) >= MIN_FMAS_IN_FLIGHT:
+        budget = int(budget * share)
     widest = max(1, min(ow, budget // vecs))
     tiles = -(-ow // widest)
     return -(-ow // tiles)
@@ -193,13 +197,10 @@ class Conv2dNCHWcTemplate(_ConvBase):
                         blocks: tuple[int, int] | None = None) -> dict[str, Any]:
         d = conv_dims(wl)
         ic_bn, oc_bn = blocks or _default_blocks(d, lanes)
-        accumulators = None
-        if ic_bn == 1 and d["kw"] > wl["strides"][1]:
-            vecs = max(1, -(-oc_bn // lanes))
-            half = int(accumulator_budget(lanes, vecs) * TAP_SHARING_SHARE)
-            accumulators = half if half >= MIN_FMAS_IN_FLIGHT else None
+        taps_share_inputs = ic_bn == 1 and d["kw"] > wl["strides"][1]
+        share = TAP_SHARING_SHARE if taps_share_inputs else 1.0
         return {"ic_bn": ic_bn, "oc_bn": oc_bn,
-                "tile_ow": default_ow_tile(d["ow"], oc_bn, lanes, accumulators),
+                "tile_ow": default_ow_tile(d["ow"], oc_bn, lanes, share=share),
                 "tile_oh": 1, "unroll_kw": d["kw"] <= 7, "reduce_order": "icc_kh_kw"}
 
     def fallback(self, space: ConfigSpace, ctx: ScheduleContext) -> Config:

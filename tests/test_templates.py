@@ -31,6 +31,7 @@ from tecc.schedules.template import (
     register_template,
     templates_for,
 )
+from tecc.schedules.templates_conv import Conv2dNCHWcTemplate
 
 import tecc
 from tecc.target import target_to_json
@@ -383,8 +384,6 @@ def test_stem_conv_fallback_halves_its_column_tile():
     stem) keeps half the accumulators in its fallback tile where half is enough to
     fill the FMA pipes; a 1x1 conv on the same channels, and a conv of wider input
     blocks, keep the full budget."""
-    from tecc.schedules.templates_conv import Conv2dNCHWcTemplate
-
     template = Conv2dNCHWcTemplate()
     lanes = 16
     stem = template.fallback_values(_conv(3, 224, 64, 7, 2, 3), lanes, (1, 16))

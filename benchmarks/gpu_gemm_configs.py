@@ -65,6 +65,9 @@ WORKLOADS: dict[str, dict[str, Any]] = {
     "bert_dense_b1": _dense(128, 768, 3072),
     "bert_ffn_up_b1": _dense(128, 3072, 768),
     "bert_attn_out_b1": _dense(128, 768, 768),
+    # odd extents against even neighbours (197 is prime): ViT-B/16's FFN at batch 1
+    **{f"vit_ffn_{part}_{m}": _dense(m, n, k) for m in (197, 196)
+       for part, n, k in (("up", 3072, 768), ("down", 768, 3072))},
     **{f"conv_{c}x{hw}_b{n}": _conv(n, c, hw)
        for n in (16, 1) for c, hw in ((512, 7), (256, 14), (128, 28))},
 }
@@ -332,6 +335,7 @@ def main() -> None:
                          f"{total / reference / 1e12:.2f}", f"{reference / sec:.2f}x", note or ""])
     # the rows and commands of earlier runs for the workloads not measured in this one
     kept_rows, commands = previous_rows(RESULTS / "gpu_gemm_configs.md", set(names))
+    commands += odd_shape_ratios(kept_rows + rows)
     tiles = f" --tiles {' '.join(args.tiles)}" if args.tiles else ""
     commands.append("Command: `python benchmarks/gpu_gemm_configs.py "
                     f"--only {args.only} --configs {args.configs}{tiles}`")
@@ -339,6 +343,24 @@ def main() -> None:
                 "GPU matmul / implicit-GEMM conv configs against cuBLAS / cuDNN (fp32, TF32 off)",
                 ["workload", "config", "us", "TFLOP/s", "torch TFLOP/s", "vs torch", "check"],
                 kept_rows + rows, commands)
+
+
+def odd_shape_ratios(rows: list[list[str]]) -> list[str]:
+    """A line per odd workload measured with its even neighbour (`*_197` and `*_196`):
+    the TFLOP/s of the odd one over the even one's, fallback against fallback and best
+    against best."""
+    tflops: dict[str, dict[str, float]] = {}
+    for name, config, _, value, *_ in rows:
+        tflops.setdefault(name, {})[config] = float(value)
+    lines = []
+    for odd in sorted(n for n in tflops if n.endswith("_197")):
+        even = odd[:-len("197")] + "196"
+        if even in tflops and tflops[even].get("fallback") and max(tflops[even].values()):
+            fallback = tflops[odd].get("fallback", 0.0) / tflops[even]["fallback"]
+            best = max(tflops[odd].values()) / max(tflops[even].values())
+            lines.append(f"{odd} / {even}: {fallback:.2f} of the TFLOP/s with the fallback "
+                         f"configs, {best:.2f} best against best.")
+    return lines
 
 
 def previous_rows(path: Path, measured: set[str]) -> tuple[list[list[str]], list[str]]:

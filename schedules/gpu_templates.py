@@ -56,7 +56,15 @@ FEW_THREAD_TILES: tuple[tuple[int, int, int, int, int, int], ...] = (
     (16, 8, 2, 2, 4, 4),   # 128 x 64, 128 threads
     (8, 8, 2, 2, 4, 4),    # 64 x 64, 64 threads
 )
-TILES = FALLBACK_TILES + FEW_THREAD_TILES
+# Knob values only: block tiles 96 or 192 wide, whose grids on N = 768 or 2304 come to
+# whole waves on 132 multiprocessors (2048 x 768 in 128 x 96: 128 blocks, where 128 x
+# 128 leaves 36 idle and 64 x 128 runs 1.45 waves).
+WAVE_TILES: tuple[tuple[int, int, int, int, int, int], ...] = (
+    (16, 8, 2, 3, 4, 4),   # 128 x 96, 128 threads, 96 accumulators each
+    (8, 8, 2, 3, 4, 4),    # 64 x 96, 64 threads
+    (8, 16, 2, 3, 4, 4),   # 64 x 192, 128 threads
+)
+TILES = FALLBACK_TILES + FEW_THREAD_TILES + WAVE_TILES
 SMALL_TILE, WIDE_SMALL_TILE = (8, 8, 1, 1, 2, 2), (16, 16, 1, 1, 1, 1)
 # The fallback's tile: the largest of at least 64 x 64 whose grid fills the GPU about
 # twice (a block waiting on its loads has another to switch to), else the largest

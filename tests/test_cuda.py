@@ -372,6 +372,8 @@ _MATMUL_CONFIGS = [("simt", "16,16,2,2,4,4", 16, "none"), ("simt", "16,16,1,2,4,
                    ("simt", "8,8,1,1,2,2", 64, "double"), ("simt", "8,16,1,1,4,4", 32, "none"),
                    ("simt", "16,16,1,1,1,1", 64, "double"),
                    ("simt", "8,16,2,2,4,4", 16, "double"),  # 64 accumulators, 128 threads
+                   # three virtual threads along N: 128 x 96 and 64 x 192 (WAVE_TILES)
+                   ("simt", "16,8,2,3,4,4", 16, "double"), ("simt", "8,16,2,3,4,4", 8, "none"),
                    ("tiled", "16,16,1,1,4,4", 16, "none")]
 
 

@@ -112,10 +112,6 @@ def dense_fallback_values(m: int, n: int, k: int, lanes: int, cores: int,
     mi = register_tile_rows(m, nb, lanes)
     kt = k_tiles(k)
     kb = next((t for t in kt if t <= 256), kt[-1])
-    # cache tile: a few register tiles per parallel task, while enough tasks remain
-    mo = 1
-    while mo * 2 in TILE_MO and mi * mo * 2 * 4 <= m // max(1, cores) and mo < 4:
-        mo *= 2
     if m >= 128 and n >= 256 and k >= 256:
         # large GEMMs (random search, 1024^3 on 2 AVX2 cores): k outside a 2 x 2 block
         # of register tiles, B packed, k unrolled by 4 - 1.6-2x the small-tile nest;
@@ -125,6 +121,10 @@ def dense_fallback_values(m: int, n: int, k: int, lanes: int, cores: int,
         # 384-3072: 1.07-1.25x on AVX-512, 1.05-1.22x on AVX2; 1024^3 alike)
         return {"tile_n": nb, "tile_m": mi, "tile_mo": 2, "tile_no": 2, "tile_k": kb,
                 "order": "k_mn", "unroll_k": 4, "pack_b": True}
+    # cache tile: a few register tiles per parallel task, while enough tasks remain
+    mo = 1
+    while mo * 2 in TILE_MO and mi * mo * 2 * 4 <= m // max(1, cores) and mo < 4:
+        mo *= 2
     return {"tile_n": nb, "tile_m": mi, "tile_mo": mo, "tile_no": 1, "tile_k": kb,
             "order": "mn_k", "unroll_k": 1, "pack_b": False}
 

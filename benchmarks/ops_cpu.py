@@ -98,7 +98,8 @@ def anchor_task(func: Function, target, winograd: bool = False) -> object:
     (NCHWc layout for convs, weights pre-packed for dense), then its anchor's task.
     3x3 convs stay direct unless `winograd` (the direct conv is the TE workload other
     tuners are compared on)."""
-    tuning = TuningCallbacks() if winograd else TuningCallbacks(winograd_tile=lambda c, lanes: 0)
+    tuning = TuningCallbacks() if winograd else TuningCallbacks(
+        winograd_tile=lambda c, lanes: 0, gpu_winograd_tile=lambda c, info: 0)
     with PassContext(target=target, opt_level=3, tuning=tuning):
         fused = run_passes(func, compile_pipeline())
     tasks = [t for t in extract_tasks(fused, target) if t.template != "injective"]

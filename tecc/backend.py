@@ -7,8 +7,12 @@
 over is compiled by tecc.compile with its parameters frozen in as constants (Dynamo
 passes them as graph inputs; tecc packs and folds weights, so it takes them as they are
 at the first call: a model whose weights change afterwards must be compiled again, as
-with TorchInductor's freezing). Compiled graphs are cached by Dynamo, which recompiles
-for new shapes and dtypes (its guards). A graph with ops tecc cannot import is compiled
+with TorchInductor's freezing). Dynamo hands over one graph for every instance of a
+module whose code and shapes are the same (a block repeated N times, broken by a graph
+break), with each instance's weights as inputs and no guard on which weights they are:
+the graph therefore keeps one tecc build per set of weights met (told apart by their
+storage), made at their first call. Compiled graphs are cached by Dynamo, which
+recompiles for new shapes and dtypes (its guards). A graph with ops tecc cannot import is compiled
 with fallback="torch": tecc compiles its regions of supported ops and those ops run in
 torch between them (tecc.partition; a warning at the first call names them). A graph
 tecc cannot compile otherwise (no region worth compiling, a dynamic or data-dependent
@@ -74,23 +78,33 @@ def tecc_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
     unknown = sorted(set(options) - set(OPTIONS))
     if unknown:
         raise ValueError(f"tecc backend: unknown option(s) {unknown}; it takes {OPTIONS}")
-    static = {i: x for i, x in enumerate(example_inputs) if _is_static(x)}
-    if all(isinstance(x, torch.Tensor) for x in example_inputs):
-        compiled = _compile(gm, example_inputs, static, options)
-        return gm.forward if compiled is None else compiled
-    else:
-        # A graph Dynamo made dynamic (sizes as SymInt inputs): one tecc build per set
-        # of sizes met, made at its first call.
-        builds: dict[tuple, Callable[..., Any] | None] = {}
+    static = sorted(i for i, x in enumerate(example_inputs) if _is_static(x))
+    # Dynamic: a graph Dynamo made dynamic (sizes as SymInt inputs), built per set of sizes
+    dynamic = not all(isinstance(x, torch.Tensor) for x in example_inputs)
+    # one build per set of weights (see the module docstring) and sizes, made at its
+    # first call; None: tecc cannot compile the graph (a warning said why)
+    builds: dict[tuple, Callable[..., Any] | None] = {}
 
-        def run(*args: Any) -> Any:
-            key = tuple(a if not isinstance(a, torch.Tensor) else (tuple(a.shape), a.dtype)
-                        for i, a in enumerate(args) if i not in static)
-            if key not in builds:
-                sizes = {i: int(a) for i, a in enumerate(args) if not isinstance(a, torch.Tensor)}
-                builds[key] = _compile(gm, args, {**static, **sizes}, options)
-            build = builds[key]
-            return gm.forward(*args) if build is None else build(*args)
+    def build_for(args: Sequence[Any]) -> Callable[..., Any] | None:
+        key = tuple(args[i].data_ptr() for i in static)
+        if dynamic:
+            key += tuple((tuple(a.shape), a.dtype) if isinstance(a, torch.Tensor) else a
+                         for i, a in enumerate(args) if i not in static)
+        if key not in builds:
+            fixed = {i: args[i] for i in static}
+            fixed.update({i: int(a) for i, a in enumerate(args) if not isinstance(a, torch.Tensor)})
+            builds[key] = _compile(gm, args, fixed, options)
+        return builds[key]
 
-    run.compiled = "per shape"  # type: ignore[attr-defined]
+    first = None if dynamic else build_for(example_inputs)
+    if not dynamic and first is None:
+        return gm.forward
+
+    def run(*args: Any) -> Any:
+        build = build_for(args)
+        return gm.forward(*args) if build is None else build(*args)
+
+    # True, or "partitioned" (see _compile), or "per shape"
+    run.compiled = "per shape" if dynamic else first.compiled  # type: ignore[attr-defined]
+    run.builds = builds  # type: ignore[attr-defined]
     return run

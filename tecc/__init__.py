@@ -10,6 +10,31 @@ import os
 from typing import Any
 
 __version__ = "0.1.0"
+
+# torch's OpenMP runtime (libgomp) keeps each worker spinning about 300000 iterations
+# (milliseconds) after every parallel region, on the cores tecc's kernels need next:
+# where torch and tecc run in turn (graph breaks, fallback="torch") both slow down
+# (ResNet-18 with a graph break after each stage, 2 cores: 49 ms, 19 with a short spin,
+# eager and tecc alone unchanged). libgomp reads GOMP_SPINCOUNT once, when it loads (with
+# torch, or with TVM, which imports torch): set here if it has not loaded yet and the
+# user chose no spin or wait policy; OPENMP_SPINS_LONG tells that it was too late.
+OPENMP_SPIN_COUNT = "10000"
+OPENMP_SPINS_LONG = False
+
+
+def _libgomp_loaded() -> bool:
+    try:
+        with open("/proc/self/maps") as maps:
+            return any("libgomp" in line for line in maps)
+    except OSError:  # not Linux: no libgomp to configure
+        return False
+
+
+if not {"GOMP_SPINCOUNT", "OMP_WAIT_POLICY"} & set(os.environ):
+    if _libgomp_loaded():
+        OPENMP_SPINS_LONG = True
+    else:
+        os.environ["GOMP_SPINCOUNT"] = OPENMP_SPIN_COUNT
 _COMPILER_API = {"compile", "CompiledModel", "import_model", "retarget", "tune"}
 
 

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from tecc.frontend.importer import UnsupportedOperatorError
-from tecc.partition import NOT_COMPILABLE, FrozenInputs, real_tensor
+from tecc.partition import NOT_COMPILABLE, FrozenInputs, openmp_spin_hint, real_tensor
 
 OPTIONS = ("target", "records", "winograd", "opt_level")
 
@@ -37,6 +37,19 @@ OPTIONS = ("target", "records", "winograd", "opt_level")
 def _is_static(x: Any) -> bool:
     return isinstance(x, torch.nn.Parameter) or getattr(x, "_dynamo_static_input_type",
                                                         None) is not None
+
+
+_cpu_graphs = 0
+
+
+def _note_cpu_graph() -> None:
+    """Warn once, at a process's second CPU graph (Dynamo split the model: torch runs
+    between tecc's graphs), where torch's OpenMP threads spin long (openmp_spin_hint)."""
+    global _cpu_graphs
+    _cpu_graphs += 1
+    if _cpu_graphs == 2 and (hint := openmp_spin_hint()):
+        warnings.warn(f"tecc backend: several graphs run on the CPU with torch between them; "
+                      f"{hint}", stacklevel=4)
 
 
 def _compile(gm: torch.fx.GraphModule, inputs: Sequence[Any], fixed: dict[int, Any],
@@ -60,6 +73,9 @@ def _compile(gm: torch.fx.GraphModule, inputs: Sequence[Any], fixed: dict[int, A
         warnings.warn(f"tecc backend: a graph of {len(gm.graph.nodes)} nodes runs in torch: "
                       f"{first}", stacklevel=3)
         return None
+
+    if not compiled.target_info.is_gpu:
+        _note_cpu_graph()
 
     def run(*args: Any) -> Any:
         return compiled(*[args[i] for i in given])

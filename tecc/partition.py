@@ -310,6 +310,21 @@ class CompiledRegion(torch.nn.Module):
         return self.compiled(*inputs)
 
 
+def openmp_spin_hint() -> str:
+    """Advice for a CPU process where torch's OpenMP workers started before tecc with
+    their default spin (tecc.OPENMP_SPINS_LONG), else ""."""
+    import tecc
+
+    if not tecc.OPENMP_SPINS_LONG:
+        return ""
+    return ("torch was imported before tecc, so its OpenMP threads spin for milliseconds "
+            "after each of its ops on the cores tecc's kernels run on next, which slows both "
+            "where they run in turn: set GOMP_SPINCOUNT="
+            f"{tecc.OPENMP_SPIN_COUNT} in the environment before Python starts, or import "
+            "tecc before torch (ResNet-18 with a graph break after each stage, 2 cores: "
+            "49 -> 19 ms)")
+
+
 class PartitionedModel:
     """A model compiled by tecc in regions, the ops tecc cannot compile run in torch
     between them (compile(..., fallback="torch")). Called as a CompiledModel: torch
@@ -360,9 +375,11 @@ class PartitionedModel:
         why = [f"{len(self.unsupported_ops)} without a converter "
                f"({', '.join(self.unsupported_ops)})"] if self.unsupported_ops else []
         why += [f"{name} not compiled: {reason}" for name, reason in self.failed.items()]
+        spin = "" if self.target_info.is_gpu else openmp_spin_hint()
         return (f"tecc: {sum(self.torch_ops.values())} op call(s) of this model run in torch "
                 f"(fallback=\"torch\"): {ops}; {'; '.join(why) or 'regions too small'}; "
-                f"{len(self.regions)} region(s) are compiled by tecc")
+                f"{len(self.regions)} region(s) are compiled by tecc"
+                + (f". {spin[0].upper()}{spin[1:]}" if spin else ""))
 
     def __call__(self, *inputs: Any) -> Any:
         if not self._warned:

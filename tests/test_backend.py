@@ -144,3 +144,44 @@ def test_unknown_options_are_refused():
     with pytest.raises(Exception, match="unknown option"):
         with torch.no_grad():
             torch.compile(MLP().eval(), backend="tecc", options={"tile": 4})(torch.randn(1, 64))
+
+
+def _spin_state(first: str, env: dict[str, str]) -> list[str]:
+    """GOMP_SPINCOUNT and tecc.OPENMP_SPINS_LONG in a fresh process that imports `first`
+    (tecc or torch) and then the other, with `env` for the OpenMP variables."""
+    import os
+    import subprocess
+    import sys
+
+    clean = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+    other = "torch" if first == "tecc" else "tecc"
+    code = (f"import os, {first}, {other}; "
+            "print(os.environ.get('GOMP_SPINCOUNT'), tecc.OPENMP_SPINS_LONG)")
+    out = subprocess.run([sys.executable, "-c", code], env={**clean, **env}, check=True,
+                         capture_output=True, text=True).stdout
+    return out.split()
+
+
+def test_torchs_openmp_spin_is_shortened_only_where_it_can_be_and_the_user_chose_none():
+    import tecc
+
+    assert _spin_state("tecc", {}) == [tecc.OPENMP_SPIN_COUNT, "False"]
+    assert _spin_state("torch", {}) == ["None", "True"]  # libgomp read it already
+    assert _spin_state("tecc", {"GOMP_SPINCOUNT": "77"}) == ["77", "False"]
+    assert _spin_state("tecc", {"OMP_WAIT_POLICY": "PASSIVE"}) == ["None", "False"]
+
+
+def test_a_long_openmp_spin_is_named_where_torch_runs_between_cpu_graphs(monkeypatch):
+    import tecc
+
+    monkeypatch.setattr(tecc, "OPENMP_SPINS_LONG", True)
+    monkeypatch.setattr(tecc.backend, "_cpu_graphs", 0)
+    x = torch.randn(3, 16, generator=torch.Generator().manual_seed(2))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with torch.no_grad():
+            torch.compile(Breaks().eval(), backend=tecc.backend.tecc_backend)(x)
+    spin = [str(w.message) for w in caught if "GOMP_SPINCOUNT" in str(w.message)]
+    assert len(spin) == 1 and "import tecc before torch" in spin[0], spin
+    monkeypatch.setattr(tecc, "OPENMP_SPINS_LONG", False)
+    assert tecc.partition.openmp_spin_hint() == ""

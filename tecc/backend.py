@@ -22,6 +22,7 @@ breaks are Dynamo's.
 
 from __future__ import annotations
 
+import operator
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -115,9 +116,22 @@ def tecc_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
     first = None if dynamic else build_for(example_inputs)
     if not dynamic and first is None:
         return gm.forward
+    # the common call: the same weight objects as the last one (an identity check of
+    # each, about 5 us for 200 weights against 18 for the storage key)
+    pick = operator.itemgetter(*static) if len(static) > 1 else None  # a tuple from 2 on
+
+    def weights_of(args: Sequence[Any]) -> tuple:
+        return pick(args) if pick is not None else tuple(args[i] for i in static)
+
+    last: list[Any] = [() if dynamic else weights_of(example_inputs), first]
 
     def run(*args: Any) -> Any:
-        build = build_for(args)
+        weights = weights_of(args)
+        if not dynamic and all(map(operator.is_, weights, last[0])):
+            build = last[1]
+        else:
+            build = build_for(args)
+            last[:] = [weights, build]
         return gm.forward(*args) if build is None else build(*args)
 
     # True, or "partitioned" (see _compile), or "per shape"

@@ -14,10 +14,10 @@ __version__ = "0.1.0"
 # torch's OpenMP runtime (libgomp) keeps each worker spinning about 300000 iterations
 # (milliseconds) after every parallel region, on the cores tecc's kernels need next:
 # where torch and tecc run in turn (graph breaks, fallback="torch") both slow down
-# (ResNet-18 with a graph break after each stage, 2 cores: 49 ms, 19 with a short spin,
+# (ResNet-18 with a graph break after each stage, 2 cores: 47 ms, 19 with a short spin,
 # eager and tecc alone unchanged). libgomp reads GOMP_SPINCOUNT once, when it loads (with
-# torch, or with TVM, which imports torch): set here if it has not loaded yet and the
-# user chose no spin or wait policy; OPENMP_SPINS_LONG tells that it was too late.
+# torch, or with TVM, which imports torch): set here where the user chose no spin or
+# wait policy; OPENMP_SPINS_LONG tells that libgomp had loaded already (too late).
 OPENMP_SPIN_COUNT = "10000"
 OPENMP_SPINS_LONG = False
 
@@ -31,10 +31,9 @@ def _libgomp_loaded() -> bool:
 
 
 if not {"GOMP_SPINCOUNT", "OMP_WAIT_POLICY"} & set(os.environ):
-    if _libgomp_loaded():
-        OPENMP_SPINS_LONG = True
-    else:
-        os.environ["GOMP_SPINCOUNT"] = OPENMP_SPIN_COUNT
+    OPENMP_SPINS_LONG = _libgomp_loaded()
+    # set even then: the processes this one starts (tuning workers) read it at their start
+    os.environ["GOMP_SPINCOUNT"] = OPENMP_SPIN_COUNT
 _COMPILER_API = {"compile", "CompiledModel", "import_model", "retarget", "tune"}
 
 

@@ -322,7 +322,7 @@ def openmp_spin_hint() -> str:
             "where they run in turn: set GOMP_SPINCOUNT="
             f"{tecc.OPENMP_SPIN_COUNT} in the environment before Python starts, or import "
             "tecc before torch (ResNet-18 with a graph break after each stage, 2 cores: "
-            "49 -> 19 ms)")
+            "47 -> 19 ms)")
 
 
 class PartitionedModel:

@@ -15,10 +15,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))
@@ -29,10 +27,11 @@ LIBGOMP_DEFAULT_SPIN = "300000"
 
 
 def child(rounds: int) -> dict[str, float]:
-    """Median ms of each competitor, over `rounds` interleaved rounds of 40 calls."""
+    """Median ms of each competitor, over `rounds` interleaved rounds."""
     import torch
 
     import tecc
+    from benchmarks.common import interleaved_ms
     from tests.models import resnet18
 
     class StagesBroken(torch.nn.Module):
@@ -61,19 +60,7 @@ def child(rounds: int) -> dict[str, float]:
         whole = tecc.compile(model.m, (x,))
         fns = {"eager": lambda: model(x), "tecc whole model": lambda: whole(x),
                "backend, 4 graph breaks": lambda: backend(x)}
-        for fn in fns.values():
-            for _ in range(5):
-                fn()
-        samples: dict[str, list[float]] = {name: [] for name in fns}
-        for _ in range(rounds):
-            for name, fn in fns.items():
-                times = []
-                for _ in range(40):
-                    start = time.perf_counter()
-                    fn()
-                    times.append(time.perf_counter() - start)
-                samples[name].append(statistics.median(times) * 1e3)
-    return {name: statistics.median(v) for name, v in samples.items()}
+        return interleaved_ms(fns, rounds=rounds)
 
 
 def main() -> None:
@@ -110,8 +97,8 @@ def main() -> None:
         [f"Host: {host_line()}. ResNet-18, batch 1, fp32; the split model has a graph break "
          "and a torch multiply after each of its 4 stages (the stem, pooling and the "
          "classifier run in torch too: Dynamo runs the broken frame eagerly).",
-         "Each spin setting in its own process; medians of the per-round medians of 40 "
-         f"calls, {args.rounds} interleaved rounds.",
+         f"Each spin setting in its own process; medians over {args.rounds} interleaved rounds "
+         "(benchmarks.common.interleaved_ms).",
          "Command: `python benchmarks/mixed_cpu.py`."])
 
 

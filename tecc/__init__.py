@@ -14,8 +14,8 @@ __version__ = "0.1.0"
 # torch's OpenMP runtime (libgomp) keeps each worker spinning about 300000 iterations
 # (milliseconds) after every parallel region, on the cores tecc's kernels need next:
 # where torch and tecc run in turn (graph breaks, fallback="torch") both slow down
-# (ResNet-18 with a graph break after each stage, 2 cores: 47 ms, 19 with a short spin,
-# eager and tecc alone unchanged). libgomp reads GOMP_SPINCOUNT once, when it loads (with
+# (ResNet-18 with a graph break after each stage, 2 cores: 50 ms, 25 with a short spin,
+# eager and tecc alone no slower). libgomp reads GOMP_SPINCOUNT once, when it loads (with
 # torch, or with TVM, which imports torch): set here where the user chose no spin or
 # wait policy; OPENMP_SPINS_LONG tells that libgomp had loaded already (too late).
 OPENMP_SPIN_COUNT = "10000"

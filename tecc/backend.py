@@ -127,14 +127,11 @@ def tecc_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
 
     def run(*args: Any) -> Any:
         weights = weights_of(args)
-        if not dynamic and all(map(operator.is_, weights, last[0])):
-            build = last[1]
-        else:
-            build = build_for(args)
-            last[:] = [weights, build]
+        if dynamic or not all(map(operator.is_, weights, last[0])):
+            last[:] = [weights, build_for(args)]
+        build = last[1]
         return gm.forward(*args) if build is None else build(*args)
 
     # True, or "partitioned" (see _compile), or "per shape"
     run.compiled = "per shape" if dynamic else first.compiled  # type: ignore[attr-defined]
-    run.builds = builds  # type: ignore[attr-defined]
     return run

@@ -44,11 +44,12 @@ def sample_unvisited(space: ConfigSpace, visited: set[int], n: int,
     tries = 0
     while len(out) < n and len(visited) + len(out) < total and tries < 50 * n + 100:
         tries += 1
-        index = rng.randrange(total)
+        index = space.canonical_index(rng.randrange(total))
         if index not in visited and all(index != c.index for c in out):
             out.append(space.get(index))
     if len(out) < n and total <= 100_000:  # a nearly exhausted small space
-        rest = [i for i in range(total) if i not in visited and all(i != c.index for c in out)]
+        rest = [i for i in range(total) if space.canonical_index(i) == i and i not in visited
+                and all(i != c.index for c in out)]
         out += [space.get(i) for i in rest[: n - len(out)]]
     return out
 
@@ -70,7 +71,8 @@ class GridSearch:
                 score: Scorer | None) -> list[Config]:
         out: list[Config] = []
         while len(out) < n and self._next < len(space):
-            if self._next not in history.visited:
+            if self._next not in history.visited and \
+                    space.canonical_index(self._next) == self._next:
                 out.append(space.get(self._next))
             self._next += 1
         return out

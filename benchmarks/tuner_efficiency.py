@@ -129,7 +129,8 @@ def table_rows(store: CurveStore, chosen: list[dict], trials: int, seeds: int,
 
 def run_missing(args: argparse.Namespace, chosen: list[dict], tuners: list[str], target,
                 store: CurveStore) -> None:
-    """Measure the (workload, tuner, seed) curves the store does not hold yet."""
+    """Measure the (workload, tuner, seed) curves the store does not hold yet (all of
+    the chosen ones with --redo)."""
     tasks: dict[str, object] = {}
     # seed by seed: the table covers every workload early and gains seeds as it runs
     # CPU: 3 calls a timing; CUDA: warm L2 as MetaSchedule and cuBLAS are timed here
@@ -139,7 +140,8 @@ def run_missing(args: argparse.Namespace, chosen: list[dict], tuners: list[str],
         for seed in range(args.seeds):
             for wl in chosen:
                 for name in tuners:
-                    if store.curve(wl["name"], name, seed, args.trials) is not None:
+                    if store.curve(wl["name"], name, seed, args.trials) is not None \
+                            and not args.redo:
                         continue
                     if wl["name"] not in tasks:
                         tasks[wl["name"]] = anchor_task(wl["func"], target)
@@ -157,6 +159,9 @@ def run_missing(args: argparse.Namespace, chosen: list[dict], tuners: list[str],
                             builder, runner, [MeasureInput(task, c) for c in cs]),  # noqa: B023
                             batch_size=32)
                         curve = tuner.history.best_curve()
+                        if tuner.history.best_config is not None:
+                            print(f"{wl['name']} {name} seed {seed} best config: "
+                                  f"{tuner.history.best_config.to_json()}", flush=True)
                     store.add(wl["name"], name, seed, args.trials, curve,
                               time.perf_counter() - start)
                     best = wl["flops"] / curve[-1] / 1e9 if curve else 0.0
@@ -202,6 +207,9 @@ def main() -> None:
                         help="JSON file of finished curves, read and extended "
                              "(default: results/<output>_curves.json)")
     parser.add_argument("--target", default="llvm", help="llvm (this CPU) or cuda[:sm_XX]")
+    parser.add_argument("--redo", action="store_true",
+                        help="measure the chosen curves again (a changed search space), "
+                             "replacing those the file holds")
     parser.add_argument("--report", action="store_true",
                         help="measure nothing: write the table of the curves the file holds")
     args = parser.parse_args()

@@ -23,10 +23,17 @@ benchmarks/gpu_gemm_configs.py): the fallback does 26.2 TFLOP/s on 1024^3 (cuBLA
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
 import tvm
+from tecc.schedules.gpu_conv import (
+    define_direct_knobs,
+    direct_features,
+    direct_fits,
+    schedule_direct_conv,
+)
 from tecc.schedules.gpu_matmul import schedule_simt_matmul
 from tecc.schedules.space import Config, ConfigSpace
 from tecc.schedules.template import ScheduleContext, Template, get_template, register_template
@@ -72,6 +79,9 @@ SMALL_TILE, WIDE_SMALL_TILE = (8, 8, 1, 1, 2, 2), (16, 16, 1, 1, 1, 1)
 # at 64 x 128 22).
 WAVES = ((1.8, 64 * 64), (0.9, 0))
 RULES = ("simt", "tiled", "gemv", "low_batch_gemv")
+# The conv template's rules: the implicit GEMM's two, and the direct conv (gpu_conv.py)
+# with knobs of its own.
+CONV_RULES = ("simt", "tiled", "direct")
 # How the simt rule's k loop stages its tiles through shared memory: "none" (load,
 # sync, compute, sync) or "double" (register double buffering: the next tile's global
 # loads go to registers before this tile's FMAs and are stored to shared memory after
@@ -158,9 +168,9 @@ def fallback_tile(batch: int, m: int, n: int, sms: int) -> tuple[int, ...]:
     return SMALL_TILE
 
 
-def _split_needs_simt(config: Config) -> bool:
+def _direct_fits(config: Config, workload: dict[str, Any], shared_limit: int) -> bool:
     # a module-level function: configs travel to build workers with their space
-    return config["split_k"] == 1 or config["rule"] == "simt"
+    return config["rule"] != "direct" or direct_fits(workload, config, shared_limit)
 
 
 def split_k_tile(batch: int, m: int, n: int, k: int, sms: int
@@ -312,16 +322,18 @@ class GpuMatmulTemplate(Template):
 
     @staticmethod
     def matmul_space(rules: tuple[str, ...]) -> ConfigSpace:
+        """The matmul rules' knobs; where `rules` has others (the conv's "direct"),
+        the tile's knobs apply to the matmul rules only."""
         space = ConfigSpace()
         space.define_choice("rule", list(rules))
-        space.define_choice("tile", [tile_name(t) for t in TILES])
-        space.define_choice("micro_k", list(MICRO_K))
+        gemm = ("rule", tuple(r for r in rules if r in RULES))
+        space.define_choice("tile", [tile_name(t) for t in TILES], when=gemm)
+        space.define_choice("micro_k", list(MICRO_K), when=gemm)
         space.define_choice("vector", [1, 2, 4])
         space.define_choice("unroll", [64, 256])
-        space.define_choice("pipeline", list(PIPELINES))
+        space.define_choice("pipeline", list(PIPELINES), when=gemm)
         # simt only; records from before the knob schedule unsplit
-        space.define_choice("split_k", list(SPLIT_K), default=1)
-        space.add_constraint(_split_needs_simt, "only the simt rule splits k")
+        space.define_choice("split_k", list(SPLIT_K), default=1, when=("rule", ("simt",)))
         return space
 
     def dims(self, ctx: ScheduleContext) -> tuple[int, int, int, int]:
@@ -331,7 +343,11 @@ class GpuMatmulTemplate(Template):
                         info: Any) -> list[float]:
         """The cost model's features of a config beyond its knobs (KERNEL_FEATURES),
         log-scaled so that workloads of other sizes share a scale (transfer)."""
-        values = kernel_features(workload, config, info)
+        if config["rule"] == "direct":
+            values = direct_features(workload, config, info, THREADS_PER_SM,
+                                     BLOCKS_PER_SM, REGISTERS_PER_SM)
+        else:
+            values = kernel_features(workload, config, info)
         return [math.log2(1 + values[name]) for name in KERNEL_FEATURES]
 
     def fallback(self, space: ConfigSpace, ctx: ScheduleContext) -> Config:
@@ -399,6 +415,8 @@ class GpuMatmulTemplate(Template):
                 result = dl.gpu.LowBatchGEMV().apply(func, ctx.target, False)
             else:
                 result = None
+            if rule == "direct":
+                result = schedule_direct_conv(func, ctx.block_name, config, ctx.workload)
             if rule == "simt":
                 tile = tuple(int(v) for v in config["tile"].split(","))
                 double = config["pipeline"] == "double"
@@ -459,7 +477,17 @@ class GpuConvTemplate(GpuMatmulTemplate):
         return 1, n * oh * ow, oc, ic * kh * kw
 
     def define_space(self, ctx: ScheduleContext) -> ConfigSpace:
-        return self.matmul_space(("simt", "tiled"))
+        workload = ctx.workload
+        if not workload or "kernel" not in workload:  # a hand-made PrimFunc
+            return self.matmul_space(("simt", "tiled"))
+        space = self.matmul_space(CONV_RULES)
+        define_direct_knobs(space, workload, ("rule", ("direct",)))
+        limit = target_info(ctx.target).max_shared_memory_per_block or 49152
+        space.add_constraint(functools.partial(_direct_fits, workload=workload,
+                                               shared_limit=limit),
+                             "the direct conv's block exceeds the GPU's limits (threads, "
+                             "registers or shared memory)")
+        return space
 
     def fallback(self, space: ConfigSpace, ctx: ScheduleContext) -> Config:
         config = super().fallback(space, ctx).to_json()

@@ -4,6 +4,10 @@ A template declares knobs on a ConfigSpace:
     space.define_split("tile_n", 512, num_outputs=3, policy="power2", max_factor=64)
     space.define_choice("unroll", [0, 16, 64])
     space.define_bool("vectorize_epilogue")
+A knob may apply only under some values of an earlier knob (`when`: a rule knob choosing
+between schedules with knobs of their own, as Ansor's sketches): where it does not
+apply it takes its first option, so configs that differ only in such knobs are one
+config (one canonical index), and a record may leave it out.
 The space enumerates its configs (mixed-radix index over the knobs), maps an index to a
 Config and back, samples uniformly, gives a config's neighbours (one knob changed, as
 simulated annealing needs), serializes a config to readable JSON, and turns each knob
@@ -65,6 +69,8 @@ class Knob:
     # the value of a config written before the knob existed (None: such a config is
     # refused); it must be the option that schedules as the template did then
     default: Any = None
+    # (knob name, its values under which this knob applies); None: always
+    when: tuple[str, tuple[Any, ...]] | None = None
 
     def __len__(self) -> int:
         return len(self.options)
@@ -91,7 +97,10 @@ class Config(dict):
         self.space = space
 
     def to_json(self) -> dict[str, Any]:
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in self.items()}
+        """The knob values, without the knobs that do not apply to this config."""
+        skip = set() if self.space is None else self.space.inactive(self)
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in self.items()
+                if k not in skip}
 
     def __hash__(self) -> int:  # configs of one space are identified by index
         return hash(self.index)
@@ -129,9 +138,10 @@ class ConfigSpace:
 
     def define_split(self, name: str, extent: int, num_outputs: int = 2,
                      policy: str = "factors", max_factor: int | None = None,
-                     filter_fn: Any = None, ragged: Sequence[tuple[int, ...]] = ()) -> Knob:
+                     filter_fn: Any = None, ragged: Sequence[tuple[int, ...]] = (),
+                     when: tuple[str, Sequence[Any]] | None = None) -> Knob:
         """`ragged`: further options whose product exceeds `extent` (a partial last
-        tile, e.g. 197 as 7 x 32), after the exact ones."""
+        tile, e.g. 197 as 7 x 32), after the exact ones. `when`: see _condition."""
         options = factorizations(extent, num_outputs, policy, max_factor)
         if filter_fn is not None:
             options = [o for o in options if filter_fn(o)] or options[:1]
@@ -139,15 +149,31 @@ class ConfigSpace:
             if len(option) != num_outputs or math.prod(option) < extent:
                 raise ValueError(f"split {name!r}: {option} does not cover {extent}")
         options += [o for o in ragged if o not in options]
-        return self._add(Knob(name, "split", tuple(options)))
+        return self._add(Knob(name, "split", tuple(options), when=self._condition(when)))
 
-    def define_choice(self, name: str, values: Sequence[Any], default: Any = None) -> Knob:
+    def define_choice(self, name: str, values: Sequence[Any], default: Any = None,
+                      when: tuple[str, Sequence[Any]] | None = None) -> Knob:
         """`default`: the option a config without this knob (a record from before
-        it was added) takes."""
+        it was added) takes. `when`: see _condition."""
         options = tuple(dict.fromkeys(values))
         if default is not None and not any(same_value(default, o) for o in options):
             raise ValueError(f"knob {name!r}: default {default!r} is no option")
-        return self._add(Knob(name, "choice", options, default))
+        return self._add(Knob(name, "choice", options, default, self._condition(when)))
+
+    def _condition(self, when: tuple[str, Sequence[Any]] | None
+                   ) -> tuple[str, tuple[Any, ...]] | None:
+        """`when` = (an earlier knob's name, the values under which the new knob
+        applies), checked against that knob's options."""
+        if when is None:
+            return None
+        parent, values = when
+        if parent not in self._by_name:
+            raise ValueError(f"knob condition on {parent!r}, which is not defined before")
+        options = self._by_name[parent].options
+        missing = [v for v in values if not any(same_value(v, o) for o in options)]
+        if missing:
+            raise ValueError(f"knob {parent!r} has no option {missing[0]!r}")
+        return parent, tuple(values)
 
     def define_bool(self, name: str) -> Knob:
         return self._add(Knob(name, "bool", (False, True)))
@@ -178,39 +204,78 @@ class ConfigSpace:
             index = index * len(knob) + digit
         return index
 
+    def active(self, knob: Knob, digits: Sequence[int]) -> bool:
+        """Whether `knob` applies to the config of `digits` (its condition holds)."""
+        if knob.when is None:
+            return True
+        parent, values = knob.when
+        position = self.knobs.index(self._by_name[parent])
+        value = self.knobs[position].options[digits[position]]
+        return any(same_value(value, v) for v in values)
+
+    def inactive(self, config: Config) -> set[str]:
+        """Names of the knobs that do not apply to `config`."""
+        if all(k.when is None for k in self.knobs):
+            return set()
+        digits = self.indices_of(config.index)
+        return {k.name for k in self.knobs if not self.active(k, digits)}
+
+    def _canonical(self, digits: list[int]) -> list[int]:
+        # knobs that do not apply take their first option (conditions name earlier
+        # knobs, so one pass in order settles them)
+        for k, knob in enumerate(self.knobs):
+            if knob.when is not None and not self.active(knob, digits):
+                digits[k] = 0
+        return digits
+
+    def canonical_index(self, index: int) -> int:
+        """The index of the config `index` stands for (the same where every knob
+        applies): knobs that do not apply at their first option."""
+        return self.index_of(self._canonical(self.indices_of(index)))
+
     def get(self, index: int) -> Config:
-        digits = self.indices_of(index)
+        """The config of `index`, under its canonical index (see canonical_index)."""
+        digits = self._canonical(self.indices_of(index))
         return Config({k.name: k.options[d] for k, d in zip(self.knobs, digits, strict=True)},
-                      index, self)
+                      self.index_of(digits), self)
 
     def __iter__(self) -> Iterator[Config]:
+        """Every config once (indices that stand for another config are skipped)."""
         for i in range(len(self)):
-            yield self.get(i)
+            if self.canonical_index(i) == i:
+                yield self.get(i)
 
     def sample(self, rng: random.Random, n: int = 1) -> list[Config]:
-        """`n` distinct configs drawn uniformly (all of them if the space is smaller)."""
+        """Up to `n` distinct configs drawn uniformly over the indices (all of them if
+        the space is smaller): a rule's configs as often as another's."""
         total = len(self)
         if n >= total:
             return list(self)
-        return [self.get(i) for i in rng.sample(range(total), n)]
+        picks = {c.index: c for c in (self.get(i) for i in rng.sample(range(total), n))}
+        return list(picks.values())
 
     def neighbours(self, config: Config) -> list[Config]:
-        """Configs differing from `config` in exactly one knob."""
+        """Configs differing from `config` in exactly one knob that applies to it
+        (changing a rule knob may also reset the knobs that then stop applying)."""
         digits = self.indices_of(config.index)
-        result = []
+        result: dict[int, Config] = {}
         for k, knob in enumerate(self.knobs):
+            if not self.active(knob, digits):
+                continue
             for d in range(len(knob)):
                 if d != digits[k]:
                     changed = list(digits)
                     changed[k] = d
-                    result.append(self.get(self.index_of(changed)))
-        return result
+                    other = self.get(self.index_of(changed))
+                    result.setdefault(other.index, other)
+        return list(result.values())
 
     def random_neighbour(self, config: Config, rng: random.Random) -> Config:
-        movable = [k for k, knob in enumerate(self.knobs) if len(knob) > 1]
+        digits = self.indices_of(config.index)
+        movable = [k for k, knob in enumerate(self.knobs)
+                   if len(knob) > 1 and self.active(knob, digits)]
         if not movable:
             return config
-        digits = self.indices_of(config.index)
         k = rng.choice(movable)
         digits[k] = rng.choice([d for d in range(len(self.knobs[k])) if d != digits[k]])
         return self.get(self.index_of(digits))
@@ -220,9 +285,12 @@ class ConfigSpace:
         """The config with these knob values (as written by Config.to_json). A value
         must be one of its knob's options with the option's type: 1.5, true or "8" is
         no block size of 8 (tuning records are checked here, for every template)."""
-        digits = []
+        digits: list[int] = []
         for knob in self.knobs:
             if knob.name not in values and knob.default is None:
+                if not self.active(knob, digits + [0] * (len(self.knobs) - len(digits))):
+                    digits.append(0)  # a knob that does not apply may be left out
+                    continue
                 raise KeyError(f"config lacks knob {knob.name!r}")
             value = values.get(knob.name, knob.default)
             digit = next((d for d, option in enumerate(knob.options)

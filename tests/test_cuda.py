@@ -24,7 +24,7 @@ from tests.models import MLP, BasicBlock, randomize_batchnorm
 from tests.test_models import TOLERANCE
 from tests.test_models import make as make_model
 from tests.test_ops import CASES, build_case
-from tests.util import assert_close, lowered_matmul, max_rel_error, to_cpu
+from tests.util import assert_close, lowered_group, lowered_matmul, max_rel_error, to_cpu
 
 
 def _gpu() -> bool:
@@ -481,3 +481,74 @@ def test_the_fallback_splits_k_for_small_grids_and_for_larger_tiles_on_long_k():
     for m, n, k in ((2048, 768, 768), (1024, 1024, 1024), (2048, 3072, 768),
                     (4096, 4096, 4096), (49, 512, 4608)):
         assert split_k_tile(1, m, n, k, sms) is None, (m, n, k)
+
+
+class _ConvEpilogue(torch.nn.Module):
+    """A conv with its bias, a residual add and relu (the residual where the shapes
+    allow)."""
+
+    def __init__(self, cin: int, cout: int, k: int, stride: int) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(cin, cout, k, stride=stride, padding=k // 2)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.conv(x) + residual)
+
+
+# (cin, cout, kernel, stride, batch, size; the direct rule's config): taps inside the
+# step (one patch with its halo) or outside it, a stride-2 conv, a batch of 2, a 1x1
+# conv whose weights load in vectors, virtual threads and per-thread tiles on each axis
+_DIRECT_CASES = {
+    "3x3_halo_batch2": ((16, 32, 3, 1, 2, 14), {
+        "tile_oc": [2, 1, 8, 2], "tile_y": [1, 1, 7, 2], "tile_x": [1, 2, 7, 1],
+        "tile_rc": [4, 4], "tile_ry": [1, 3], "tile_rx": [1, 3], "vector": 4}),
+    "3x3_taps_outside": ((24, 32, 3, 1, 1, 12), {
+        "tile_oc": [1, 2, 8, 2], "tile_y": [3, 2, 2, 1], "tile_x": [1, 1, 4, 3],
+        "tile_rc": [3, 8], "tile_ry": [3, 1], "tile_rx": [3, 1], "vector": 1}),
+    "3x3_stride2": ((8, 16, 3, 2, 1, 15), {
+        "tile_oc": [1, 2, 8, 1], "tile_y": [2, 1, 4, 1], "tile_x": [1, 1, 8, 1],
+        "tile_rc": [2, 4], "tile_ry": [1, 3], "tile_rx": [3, 1], "vector": 2}),
+    "1x1_vector_weights": ((32, 64, 1, 1, 1, 8), {
+        "tile_oc": [2, 1, 8, 4], "tile_y": [1, 1, 1, 8], "tile_x": [1, 1, 8, 1],
+        "tile_rc": [1, 32], "tile_ry": [1, 1], "tile_rx": [1, 1], "vector": 4}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_DIRECT_CASES))
+def test_direct_conv_configs_build_and_match_torch(name):
+    """The conv template's direct rule (schedules/gpu_conv.py) with its epilogue: every
+    kernel bound, the input patch and weights staged in shared memory, and on a GPU the
+    result of torch."""
+    import re
+
+    import tvm
+
+    (cin, cout, k, stride, batch, size), knobs = _DIRECT_CASES[name]
+    gen = torch.Generator().manual_seed(cin + size)
+    module = _ConvEpilogue(cin, cout, k, stride).eval()
+    x = torch.randn(batch, cin, size, size, generator=gen)
+    out_size = (size + 2 * (k // 2) - k) // stride + 1
+    residual = torch.randn(batch, cout, out_size, out_size, generator=gen)
+    config = {"rule": "direct", "unroll": 256, **knobs}
+    prim, applied, info = lowered_group(module, (x, residual), f"cuda:{ARCH}", config,
+                                        winograd=False)
+    assert [(t.template, t.source, t.error) for t in applied] == [("conv2d", "given", None)]
+    check_bound(prim, "main")
+    lib = compile_cuda(tvm.IRModule({"main": prim}), info.tvm_target)
+    source = lib.mod.imports[0].inspect_source()
+    # two tiles in shared memory: the input patch and the weights
+    assert len(re.findall(r"__shared__ .*float \w+\[", source)) == 2, source[:3000]
+    if GPU:
+        dev = tvm.cuda(0)
+        with torch.no_grad():
+            expected = module(x, residual)
+        # the group's parameters by shape (each case's four differ)
+        by_shape = {tuple(t.shape): t.detach() for t in (
+            x, residual, module.conv.weight, module.conv.bias.reshape(1, cout, 1, 1),
+            module.conv.bias)}
+        shapes = [tuple(int(d) for d in p.shape) for p in prim.params]
+        args = [tvm.runtime.tensor(by_shape[s].contiguous().numpy(), dev)
+                for s in shapes[:-1]]
+        out = tvm.runtime.empty(shapes[-1], "float32", dev)
+        lib["main"](*args, out)
+        assert_close(torch.from_numpy(out.numpy()), expected, rtol=1e-4, atol=1e-4)

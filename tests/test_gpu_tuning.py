@@ -21,6 +21,7 @@ from tecc.autotune.measure import MeasureInput, measure_batch
 from tecc.autotune.records import load_records, target_relation
 from tecc.autotune.runner import LocalRunner, RunJob
 from tecc.autotune.tune import runner_options_for, tune_tasks
+from tecc.schedules.gpu_conv import direct_features
 from tecc.schedules.gpu_default import launch_extents
 from tecc.schedules.gpu_templates import KERNEL_FEATURES, kernel_features
 from tecc.schedules.tasks import task_from_workload
@@ -160,6 +161,49 @@ def test_kernel_features_agree_with_the_built_kernel():
     assert rows.shape == (2, cache.dim) and cache.dim == len(
         task.space.features(task.space.get(0))) + len(KERNEL_FEATURES)
     assert not np.array_equal(rows[0], rows[1])
+
+
+CONV = {"template": "conv2d", "data": [1, 64, 28, 28], "kernel": [64, 64, 3, 3],
+        "dtype": "float32", "strides": [1, 1], "padding": [1, 1, 1, 1], "dilation": [1, 1],
+        "groups": 1}
+
+
+def test_direct_conv_features_agree_with_the_built_kernel():
+    """The conv template's direct rule: its kernel features (threads, blocks, shared
+    tiles) are those of the kernel it builds, in as many features as the matmul
+    rules' (one cost model ranks both), and a config that exceeds the block's limits
+    is no point of the space."""
+    task = task_from_workload(CONV, f"cuda:{ARCH}", name="conv_gpu")
+    info = target_info(task.target)
+    template = task.template_obj
+    direct = {"rule": "direct", "vector": 4, "unroll": 256, "tile_rc": [8, 8]}
+    for knobs in [{"tile_oc": [4, 2, 4, 2], "tile_y": [7, 1, 4, 1], "tile_x": [2, 1, 7, 2],
+                   "tile_ry": [1, 3], "tile_rx": [1, 3]},
+                  {"tile_oc": [2, 1, 16, 2], "tile_y": [14, 1, 2, 1], "tile_x": [4, 1, 7, 1],
+                   "tile_ry": [3, 1], "tile_rx": [3, 1]}]:
+        config = task.space.from_json({**direct, **knobs})
+        assert task.space.why_not(config) is None
+        features = direct_features(task.workload, config, info, 2048, 32, 65536)
+        prim = task.build_primfunc(config)
+        extents = launch_extents(prim)
+        assert features["threads"] == extents["threadIdx.x"]
+        assert features["blocks"] == (extents["blockIdx.x"] * extents["blockIdx.y"]
+                                      * extents["blockIdx.z"])
+        source = compile_cuda(tvm.IRModule({"main": prim}), task.tvm_target).mod.imports[
+            0].inspect_source()
+        shared = sum(4 * int(n) for n in re.findall(r"__shared__ .*float \w+\[(\d+)\]", source))
+        assert features["shared_bytes"] == shared, (knobs, source[:2000])
+        assert len(template.kernel_features(task.workload, config, info)) == len(
+            KERNEL_FEATURES)
+    # 32 x 14 x 14 threads: over a block's 1024
+    too_many = task.space.from_json({**direct, "tile_oc": [2, 1, 32, 1],
+                                     "tile_y": [2, 1, 14, 1], "tile_x": [2, 1, 14, 1],
+                                     "tile_ry": [1, 3], "tile_rx": [1, 3]})
+    assert "limits" in task.space.why_not(too_many)
+    cache = FeatureCache(task)
+    simt = task.space.from_json({"rule": "simt", "tile": "8,8,1,1,4,4", "micro_k": 16,
+                                 "vector": 4, "unroll": 256, "pipeline": "none"})
+    assert cache([simt, config]).shape == (2, cache.dim)
 
 
 def test_runner_options_time_cuda_cold_by_default():

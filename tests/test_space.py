@@ -120,3 +120,60 @@ def test_configs_a_constraint_refuses_are_never_proposed_nor_measured():
     assert sorted((c["rule"], c["split_k"]) for c in seen) == [
         ("simt", 1), ("simt", 2), ("simt", 4), ("tiled", 1)]
     assert tuner.exhausted
+
+
+def rule_space() -> ConfigSpace:
+    """Two rules with knobs of their own (the GPU conv's "gemm" and "direct")."""
+    space = ConfigSpace()
+    space.define_choice("rule", ["gemm", "direct"])
+    space.define_choice("tile", [16, 32, 64], when=("rule", ["gemm"]))
+    space.define_choice("unroll", [0, 8])
+    space.define_split("tile_x", 12, num_outputs=2, when=("rule", ["direct"]))
+    return space
+
+
+def test_a_knob_that_does_not_apply_is_one_config_left_out_of_its_json():
+    space = rule_space()
+    configs = list(space)
+    # gemm: 3 tiles x 2 unrolls; direct: 2 unrolls x 6 splits of 12
+    assert len(configs) == 3 * 2 + 2 * 6
+    assert len({c.index for c in configs}) == len(configs)
+    for config in configs:
+        assert space.canonical_index(config.index) == config.index
+        values = config.to_json()
+        assert ("tile" in values) == (config["rule"] == "gemm")
+        assert ("tile_x" in values) == (config["rule"] == "direct")
+        assert space.from_json(values) == config
+    # an index whose inactive knob is off its first option stands for the first
+    direct = next(c for c in configs if c["rule"] == "direct")
+    digits = space.indices_of(direct.index)
+    digits[1] = 2  # tile 64, which does not apply to "direct"
+    assert space.get(space.index_of(digits)).index == direct.index
+    # a record may give the value of a knob that does not apply: it is dropped
+    assert space.from_json({**direct.to_json(), "tile": 64}) == direct
+    with pytest.raises(ValueError, match="no option"):
+        space.from_json({"rule": "gemm", "tile": 48, "unroll": 0})
+
+
+def test_neighbours_move_the_knobs_that_apply_and_sampling_covers_each_rule():
+    space = rule_space()
+    rng = random.Random(0)
+    gemm = space.from_json({"rule": "gemm", "tile": 32, "unroll": 8})
+    neighbours = space.neighbours(gemm)
+    # tile (2 others), unroll (1), rule (1: to direct, its split at the first option)
+    assert len(neighbours) == 4 and gemm not in neighbours
+    assert all("tile_x" not in n.to_json() or n["rule"] == "direct" for n in neighbours)
+    for _ in range(50):
+        step = space.random_neighbour(gemm, rng)
+        assert step.index != gemm.index and step["tile_x"] == space.options("tile_x")[0]
+    rules = [c["rule"] for c in space.sample(random.Random(2), 12)]
+    assert set(rules) == {"gemm", "direct"}
+
+
+def test_a_condition_names_an_earlier_knob_and_its_options():
+    space = ConfigSpace()
+    with pytest.raises(ValueError, match="not defined before"):
+        space.define_choice("tile", [1, 2], when=("rule", ["gemm"]))
+    space.define_choice("rule", ["gemm", "direct"])
+    with pytest.raises(ValueError, match="no option 'winograd'"):
+        space.define_choice("tile", [1, 2], when=("rule", ["winograd"]))

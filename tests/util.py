@@ -67,14 +67,23 @@ def runs_on_host(target) -> bool:
 def lowered_matmul(a, b, target: str, config):
     """The scheduled PrimFunc ("mm") of a @ b for `target` with the matmul template's
     `config` (None: its fallback): (PrimFunc, applied templates, target facts)."""
+    from tests.models import MatMul
+
+    return lowered_group(MatMul(), (a, b), target, config, "mm")
+
+
+def lowered_group(module, inputs, target: str, config, name: str = "main",
+                  winograd: bool = True):
+    """The scheduled PrimFunc `name` of `module`'s first fused group (its anchor with
+    the epilogue) for `target` with its template's `config` (None: the fallback):
+    (PrimFunc, applied templates, target facts)."""
     from tecc.frontend.ir import Call, Function, post_order
     from tecc.schedules.lower import lower_primitive
 
     from tecc.api import fused_graph
-    from tests.models import MatMul
 
-    _, part, _, _, info = fused_graph(MatMul(), (a, b), target, 3, None, None, {})
+    _, part, _, _, info = fused_graph(module, inputs, target, 3, None, None, {}, winograd)
     group = next(c.op for c in post_order(part.body)
                  if isinstance(c, Call) and isinstance(c.op, Function))
-    prim, applied = lower_primitive(group, "mm", info.tvm_target, config, return_info=True)
+    prim, applied = lower_primitive(group, name, info.tvm_target, config, return_info=True)
     return prim, applied, info

@@ -44,7 +44,7 @@ def sample_unvisited(space: ConfigSpace, visited: set[int], n: int,
     tries = 0
     while len(out) < n and len(visited) + len(out) < total and tries < 50 * n + 100:
         tries += 1
-        index = space.canonical_index(rng.randrange(total))
+        index = space.sample_index(rng)
         if index not in visited and all(index != c.index for c in out):
             out.append(space.get(index))
     if len(out) < n and total <= 100_000:  # a nearly exhausted small space

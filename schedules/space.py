@@ -277,8 +277,32 @@ class ConfigSpace:
         if not movable:
             return config
         k = rng.choice(movable)
+        before = [self.active(knob, digits) for knob in self.knobs]
         digits[k] = rng.choice([d for d in range(len(self.knobs[k])) if d != digits[k]])
+        # a rule changed: the knobs that now apply start at random options (at their
+        # first ones, every step into a rule would land on one corner of it)
+        for j, knob in enumerate(self.knobs):
+            if not before[j] and self.active(knob, digits):
+                digits[j] = rng.randrange(len(knob))
         return self.get(self.index_of(digits))
+
+    def sample_index(self, rng: random.Random, tries: int = 32) -> int:
+        """A canonical index drawn uniformly over the indices. Where knobs apply under
+        a rule knob, a config the constraints refuse is drawn again under the same
+        rule (up to `tries` times): a rule whose own knobs are often refused still
+        gets its share of the samples, as each of Ansor's sketches does."""
+        index = self.canonical_index(rng.randrange(len(self)))
+        rules = {k.when[0] for k in self.knobs if k.when is not None}
+        if not rules or not self._constraints:
+            return index
+        fixed = [k for k, knob in enumerate(self.knobs) if knob.name in rules]
+        digits = self.indices_of(index)
+        for _ in range(tries):
+            if self.why_not(self.get(self.index_of(digits))) is None:
+                break
+            digits = [digits[k] if k in fixed else rng.randrange(len(knob))
+                      for k, knob in enumerate(self.knobs)]
+        return self.canonical_index(self.index_of(digits))
 
     # -- serialization and features
     def from_json(self, values: dict[str, Any]) -> Config:

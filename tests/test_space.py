@@ -163,11 +163,34 @@ def test_neighbours_move_the_knobs_that_apply_and_sampling_covers_each_rule():
     # tile (2 others), unroll (1), rule (1: to direct, its split at the first option)
     assert len(neighbours) == 4 and gemm not in neighbours
     assert all("tile_x" not in n.to_json() or n["rule"] == "direct" for n in neighbours)
-    for _ in range(50):
+    into_direct = set()
+    for _ in range(60):
         step = space.random_neighbour(gemm, rng)
-        assert step.index != gemm.index and step["tile_x"] == space.options("tile_x")[0]
+        assert step.index != gemm.index
+        if step["rule"] == "direct":  # its own knobs start anywhere in it
+            assert step["unroll"] == gemm["unroll"]
+            into_direct.add(step["tile_x"])
+        else:
+            assert step["tile_x"] == space.options("tile_x")[0]
+    assert len(into_direct) > 1
     rules = [c["rule"] for c in space.sample(random.Random(2), 12)]
     assert set(rules) == {"gemm", "direct"}
+
+
+def _wide_x(config) -> bool:
+    return config["rule"] != "direct" or config["tile_x"][1] >= 6
+
+
+def test_a_rule_whose_knobs_are_mostly_refused_keeps_its_share_of_samples():
+    """Only 2 of direct's 6 splits pass the constraint: drawn again under the same
+    rule, direct still gets about half of the samples."""
+    space = rule_space()
+    space.add_constraint(_wide_x, "x tile too narrow")
+    rng = random.Random(3)
+    picks = [space.get(space.sample_index(rng)) for _ in range(400)]
+    assert all(space.why_not(c) is None for c in picks)
+    direct = sum(c["rule"] == "direct" for c in picks)
+    assert 150 < direct < 250, direct
 
 
 def test_a_condition_names_an_earlier_knob_and_its_options():

@@ -22,7 +22,6 @@ MetaSchedule's multi-level tiling do:
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from tecc.schedules.templates_conv import conv_dims
@@ -61,8 +60,9 @@ def define_direct_knobs(space: Any, workload: dict[str, Any], when: tuple[str, t
 
 
 def direct_shape(workload: dict[str, Any], config: dict[str, Any]) -> dict[str, int]:
-    """Sizes of `config`'s direct kernel: threads, accumulators per thread, the
-    block's output tile (oc, rows, columns), blocks, k steps, shared floats."""
+    """Sizes of `config`'s direct kernel: threads, accumulators and an estimate of
+    registers per thread, the block's output tile (oc, rows, columns), blocks, k steps,
+    shared floats (the input patch and the weights)."""
     d = conv_dims(workload)
     (bo, vo, to, io), (by, vy, ty, iy), (bx, vx, tx, ix) = (
         config["tile_oc"], config["tile_y"], config["tile_x"])
@@ -74,8 +74,11 @@ def direct_shape(workload: dict[str, Any], config: dict[str, Any]) -> dict[str, 
     dh, dw = workload["dilation"]
     patch_y = (tile_y - 1) * sh + (ry - 1) * dh + 1
     patch_x = (tile_x - 1) * sw + (rx - 1) * dw + 1
+    accumulators = vo * io * vy * iy * vx * ix
     return {
-        "threads": to * ty * tx, "accumulators": vo * io * vy * iy * vx * ix,
+        "threads": to * ty * tx, "accumulators": accumulators,
+        # the accumulators, a thread's weights and inputs of one tap, ~24 for addresses
+        "registers": accumulators + vo * io + vy * iy * vx * ix + 24,
         "tile_oc": tile_oc, "tile_y": tile_y, "tile_x": tile_x,
         "blocks": d["n"] * bo * by * bx, "k_steps": rc_outer * ry_outer * rx_outer,
         "patch": rc * patch_y * patch_x, "weights": tile_oc * rc * ry * rx,
@@ -91,34 +94,21 @@ def direct_fits(workload: dict[str, Any], config: dict[str, Any], shared_limit: 
             and 4 * (shape["patch"] + shape["weights"]) <= shared_limit)
 
 
-def direct_features(workload: dict[str, Any], config: dict[str, Any], info: Any,
-                    threads_per_sm: int, blocks_per_sm: int, registers_per_sm: int
-                    ) -> dict[str, float]:
-    """The kernel features of a direct config, in the matmul rules' terms (block_m:
-    the output pixels of a block, block_n: its channels; a k step stages rc channels
-    of the patch and the weights)."""
+def direct_features(workload: dict[str, Any], config: dict[str, Any]) -> dict[str, float]:
+    """The kernel features of a direct config that its shape decides, in the matmul
+    rules' terms (block_m: the output pixels of a block, block_n: its channels; a k
+    step stages rc channels of the patch and the weights); the template adds the
+    occupancy ones (gpu_templates.occupancy)."""
     shape = direct_shape(workload, config)
-    threads = shape["threads"]
     shared = 4 * (shape["patch"] + shape["weights"])
-    registers = shape["accumulators"] + 24 + shape["tile_oc"] // max(
-        config["tile_oc"][2], 1) + shape["tile_y"] * shape["tile_x"] // max(
-        config["tile_y"][2] * config["tile_x"][2], 1)
-    smem_sm = info.max_shared_memory_per_sm or 228 * 1024
-    per_sm = max(1, min(blocks_per_sm, threads_per_sm // threads, smem_sm // shared,
-                        registers_per_sm // (threads * min(registers, 255))))
-    sms = info.multiprocessors or 108
-    waves = shape["blocks"] / (sms * per_sm)
     pixels = shape["tile_y"] * shape["tile_x"]
-    step_bytes = shared
-    step_flops = 2 * pixels * shape["weights"]  # weights: tile_oc x rc x taps
     return {
-        "blocks": shape["blocks"], "threads": threads, "block_m": pixels,
+        "blocks": shape["blocks"], "threads": shape["threads"], "block_m": pixels,
         "block_n": shape["tile_oc"], "k_steps": shape["k_steps"], "shared_bytes": shared,
-        "registers": registers, "blocks_per_sm": per_sm,
-        "occupancy": per_sm * threads / threads_per_sm, "waves": waves,
-        "wave_efficiency": waves / math.ceil(waves), "bytes_per_step": step_bytes,
-        "flops_per_byte": step_flops / step_bytes,
-        "global_bytes": shape["blocks"] * shape["k_steps"] * step_bytes,
+        "registers": shape["registers"], "bytes_per_step": shared,
+        # weights: tile_oc x rc x taps, each a multiply-add per pixel
+        "flops_per_byte": 2 * pixels * shape["weights"] / shared,
+        "global_bytes": shape["blocks"] * shape["k_steps"] * shared,
         "padding": 1.0, "vector_bytes": 4 * int(config["vector"]),
         "unroll": int(config["unroll"]), "double_buffered": 0.0, "dlight_rule": 0.0,
     }
@@ -150,7 +140,7 @@ def schedule_direct_conv(func: tirx.PrimFunc, anchor: str, config: dict[str, Any
     sch.bind(vx, "vthread.x")
     thread = sch.fuse(to, ty, tx)
     sch.bind(thread, "threadIdx.x")
-    threads = math.prod(config[k][2] for k in ("tile_oc", "tile_y", "tile_x"))
+    threads = direct_shape(workload, config)["threads"]
     unroll = int(config["unroll"])
     if unroll > 0:
         sch.annotate(thread, "pragma_auto_unroll_max_step", unroll)

@@ -258,6 +258,20 @@ def staged_registers(tile: tuple[int, ...], micro_k: int, double: bool) -> int:
     return -(-(bm + bn) * micro_k // (tm * tn))
 
 
+def occupancy(blocks: int, threads: int, shared: int, registers: int,
+              info: Any) -> dict[str, float]:
+    """Blocks resident per multiprocessor (by its thread, block, shared-memory and
+    register limits), the occupancy they give, and the waves of `blocks` over the
+    multiprocessors."""
+    smem_sm = info.max_shared_memory_per_sm or 228 * 1024
+    per_sm = min(BLOCKS_PER_SM, THREADS_PER_SM // threads, smem_sm // max(shared, 1),
+                 REGISTERS_PER_SM // (threads * min(registers, 255)))
+    per_sm = max(per_sm, 1)
+    waves = blocks / ((info.multiprocessors or 108) * per_sm)
+    return {"blocks_per_sm": per_sm, "occupancy": per_sm * threads / THREADS_PER_SM,
+            "waves": waves, "wave_efficiency": waves / math.ceil(waves)}
+
+
 def kernel_features(workload: dict[str, Any], config: dict[str, Any],
                     info: Any) -> dict[str, float]:
     """What decides a matmul-rule kernel's speed, from the workload and the config
@@ -284,18 +298,11 @@ def kernel_features(workload: dict[str, Any], config: dict[str, Any],
     shared = shared_bytes(tile, micro_k, double and not staged)
     registers = (vm * vn * mm * mn + vm * mm + vn * mn + 24
                  + staged_registers(tile, micro_k, staged))
-    smem_sm = info.max_shared_memory_per_sm or 228 * 1024
-    per_sm = min(BLOCKS_PER_SM, THREADS_PER_SM // threads, smem_sm // max(shared, 1),
-                 REGISTERS_PER_SM // (threads * min(registers, 255)))
-    per_sm = max(per_sm, 1)
-    sms = info.multiprocessors or 108
-    waves = blocks / (sms * per_sm)
     step_bytes = (bm + bn) * micro_k * 4
     return {
         "blocks": blocks, "threads": threads, "block_m": bm, "block_n": bn,
         "k_steps": k_steps, "shared_bytes": shared, "registers": registers,
-        "blocks_per_sm": per_sm, "occupancy": per_sm * threads / THREADS_PER_SM,
-        "waves": waves, "wave_efficiency": waves / math.ceil(waves),
+        **occupancy(blocks, threads, shared, registers, info),
         "bytes_per_step": step_bytes, "flops_per_byte": 2 * bm * bn / ((bm + bn) * 4),
         # the partial sums, written by the slices and read by the sum kernel
         "global_bytes": blocks * k_steps * step_bytes + (
@@ -344,8 +351,9 @@ class GpuMatmulTemplate(Template):
         """The cost model's features of a config beyond its knobs (KERNEL_FEATURES),
         log-scaled so that workloads of other sizes share a scale (transfer)."""
         if config["rule"] == "direct":
-            values = direct_features(workload, config, info, THREADS_PER_SM,
-                                     BLOCKS_PER_SM, REGISTERS_PER_SM)
+            values = direct_features(workload, config)
+            values.update(occupancy(values["blocks"], values["threads"],
+                                    values["shared_bytes"], values["registers"], info))
         else:
             values = kernel_features(workload, config, info)
         return [math.log2(1 + values[name]) for name in KERNEL_FEATURES]
@@ -482,7 +490,7 @@ class GpuConvTemplate(GpuMatmulTemplate):
             return self.matmul_space(("simt", "tiled"))
         space = self.matmul_space(CONV_RULES)
         define_direct_knobs(space, workload, ("rule", ("direct",)))
-        limit = target_info(ctx.target).max_shared_memory_per_block or 49152
+        limit = ctx.info.max_shared_memory_per_block or 49152
         space.add_constraint(functools.partial(_direct_fits, workload=workload,
                                                shared_limit=limit),
                              "the direct conv's block exceeds the GPU's limits (threads, "

@@ -113,6 +113,7 @@ class ConfigSpace:
     def __init__(self) -> None:
         self.knobs: list[Knob] = []
         self._by_name: dict[str, Knob] = {}
+        self._position: dict[str, int] = {}  # knob name -> its digit in an index
         # (predicate on a config, why a config failing it is no point of the space)
         self._constraints: list[tuple[Callable[[Config], bool], str]] = []
 
@@ -132,6 +133,7 @@ class ConfigSpace:
             raise ValueError(f"knob {knob.name!r} defined twice")
         if not knob.options:
             raise ValueError(f"knob {knob.name!r} has no options")
+        self._position[knob.name] = len(self.knobs)
         self.knobs.append(knob)
         self._by_name[knob.name] = knob
         return knob
@@ -209,7 +211,7 @@ class ConfigSpace:
         if knob.when is None:
             return True
         parent, values = knob.when
-        position = self.knobs.index(self._by_name[parent])
+        position = self._position[parent]
         value = self.knobs[position].options[digits[position]]
         return any(same_value(value, v) for v in values)
 

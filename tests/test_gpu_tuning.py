@@ -183,7 +183,7 @@ def test_direct_conv_features_agree_with_the_built_kernel():
                    "tile_ry": [3, 1], "tile_rx": [3, 1]}]:
         config = task.space.from_json({**direct, **knobs})
         assert task.space.why_not(config) is None
-        features = direct_features(task.workload, config, info, 2048, 32, 65536)
+        features = direct_features(task.workload, config)
         prim = task.build_primfunc(config)
         extents = launch_extents(prim)
         assert features["threads"] == extents["threadIdx.x"]

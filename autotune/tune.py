@@ -97,6 +97,14 @@ class TaskState:
         return self.fallback_index is None or self.fallback_index in self.tuner.visited
 
     @property
+    def fresh(self) -> bool:
+        """Whether the scheduler owes this task a first batch: never measured, nothing
+        valid yet, its fallback unmeasured, or a rule of its space never measured (a
+        rule added to its template after its records were written)."""
+        return (self.trials == 0 or not math.isfinite(self.best_cost)
+                or not self.fallback_measured or bool(self.tuner.unexplored_rules()))
+
+    @property
     def best_gflops(self) -> float:
         cost = self.best_cost
         return self.flops / cost / 1e9 if math.isfinite(cost) else 0.0
@@ -344,8 +352,7 @@ def _pick(states: list[TaskState]) -> TaskState | None:
     live = [s for s in states if not s.done]
     if not live:
         return None
-    fresh = [s for s in live if s.trials == 0 or not math.isfinite(s.best_cost)
-             or not s.fallback_measured]
+    fresh = [s for s in live if s.fresh]
     if fresh:
         return fresh[0]
     peak: dict[str, float] = {}  # template -> best FLOP/s of its tasks
@@ -397,10 +404,10 @@ def schedule_steps(states: list[TaskState], budget: int, batch_size: int,
         if state is None:
             break
         n = min(batch_size, budget - spent)
-        fresh = sum(1 for s in states if not s.done and (s.trials == 0
-                                                          or not s.fallback_measured))
-        if fresh and (state.trials == 0 or not state.fallback_measured):
-            # leave every untouched task (or unmeasured fallback) a first batch
+        fresh = sum(1 for s in states if not s.done and s.fresh)
+        if fresh and state.fresh:
+            # leave every untouched task (unmeasured fallback, unexplored rule) a first
+            # batch
             n = max(1, min(n, (budget - spent) // fresh))
         batch = state.tuner.next_batch(n)
         if not state.fallback_measured:

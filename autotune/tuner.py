@@ -13,7 +13,9 @@ The tuners users name (make_tuner, `tecc.tune(tuner=...)`):
 
 from __future__ import annotations
 
+import itertools
 import math
+import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -59,7 +61,7 @@ class Tuner:
     """`strategy` proposes; `model`, fed `features` of the measured configs, scores."""
 
     def __init__(self, task: Any, strategy: SearchStrategy, model: CostModel | None = None,
-                 features: FeatureCache | None = None) -> None:
+                 features: FeatureCache | None = None, seed: int = 0) -> None:
         if model is not None and features is None:
             raise ValueError("a tuner with a cost model needs the features it reads")
         self.task = task
@@ -68,6 +70,9 @@ class Tuner:
         self.model = model
         self.features = features
         self.history = TuneHistory()
+        self.rng = random.Random(seed)
+        self.rules_seen: set[tuple[int, ...]] = set()  # rule_of of the measured configs
+        self.rules_refused: set[tuple[int, ...]] = set()  # no sample the space allows
 
     @property
     def visited(self) -> set[int]:
@@ -77,11 +82,52 @@ class Tuner:
     def exhausted(self) -> bool:
         return len(self.visited) >= len(self.space)
 
+    def unexplored_rules(self) -> list[tuple[int, ...]]:
+        """The rules of the space (option digits of its rule knobs) none of whose
+        configs was measured, once others were: a rule added to a template after its
+        records were written, or one the first batches missed. Empty before any
+        measurement (the first batches sample every rule) and for a space without
+        rules."""
+        if not self.history.configs or not self.space.rule_knobs:
+            return []
+        options = [range(len(self.space.options(name))) for name in self.space.rule_knobs]
+        return [rule for rule in itertools.product(*options)
+                if rule not in self.rules_seen and rule not in self.rules_refused]
+
+    def _unexplored_rule_samples(self, n: int) -> list[Config]:
+        """Up to `n` random configs of the unexplored rules, shared among them. A cost
+        model trained on the other rules alone knows nothing of these and would rank
+        them anywhere: without samples of their own they could stay unmeasured for
+        good (AnnealingSearch's random picks are a tenth of a batch)."""
+        rules = self.unexplored_rules()
+        if not rules or n <= 0:
+            return []
+        per_rule = max(1, n // len(rules))
+        picks: list[Config] = []
+        for rule in rules:
+            found = 0
+            for _ in range(8 * per_rule):
+                if found >= per_rule or len(picks) >= n:
+                    break
+                config = self.space.get(self.space.sample_index(self.rng, rule=rule))
+                if config.index in self.visited or config in picks:
+                    continue
+                if self.space.why_not(config) is not None:
+                    self.history.visited.add(config.index)
+                    continue
+                picks.append(config)
+                found += 1
+            if not found:
+                self.rules_refused.add(rule)  # every draw refused: not asked again
+        return picks
+
     def next_batch(self, n: int) -> list[Config]:
         """Up to `n` configs to measure; configs the space's constraints refuse are
-        marked visited unmeasured (no trial spent on them) and others proposed."""
+        marked visited unmeasured (no trial spent on them) and others proposed. While
+        a rule of the space has no measured config (unexplored_rules), half the batch
+        samples those rules."""
         trained = self.model is not None and self.model.trained
-        batch: list[Config] = []
+        batch: list[Config] = self._unexplored_rule_samples((n + 1) // 2)
         for _ in range(8):  # a mostly refused space can run out of proposals
             proposed = self.strategy.propose(n - len(batch), self.space, self.history,
                                              self._score if trained else None)
@@ -105,6 +151,8 @@ class Tuner:
 
     def record(self, configs: Sequence[Config], costs: Sequence[float]) -> None:
         self.history.add(configs, costs)
+        if self.space.rule_knobs:
+            self.rules_seen.update(self.space.rule_of(c) for c in configs)
         if self.model is not None and self.features is not None and self.history.configs:
             self.model.fit(self.features(self.history.configs), np.array(self.history.costs))
 
@@ -145,7 +193,7 @@ class Tuner:
 
 class RandomTuner(Tuner):
     def __init__(self, task: Any, seed: int = 0) -> None:
-        super().__init__(task, RandomSearch(seed))
+        super().__init__(task, RandomSearch(seed), seed=seed)
 
 
 class GridTuner(Tuner):
@@ -158,7 +206,8 @@ class XGBTuner(Tuner):
                  use_loop_features: bool = True, epsilon: float = 0.1,
                  sa_chains: int = 32, sa_steps: int = 16, diversity: float = 0.25) -> None:
         super().__init__(task, AnnealingSearch(seed, epsilon, sa_chains, sa_steps, diversity),
-                         XGBCostModel(loss, seed=seed), FeatureCache(task, use_loop_features))
+                         XGBCostModel(loss, seed=seed), FeatureCache(task, use_loop_features),
+                         seed)
 
 
 TUNERS: dict[str, Callable[..., Tuner]] = {"xgb": XGBTuner, "random": RandomTuner,

@@ -288,13 +288,28 @@ class ConfigSpace:
                 digits[j] = rng.randrange(len(knob))
         return self.get(self.index_of(digits))
 
-    def sample_index(self, rng: random.Random, tries: int = 32) -> int:
-        """A canonical index drawn uniformly over the indices. Where knobs apply under
-        a rule knob, a config the constraints refuse is drawn again under the same
-        rule (up to `tries` times): a rule whose own knobs are often refused still
-        gets its share of the samples, as each of Ansor's sketches does."""
-        index = self.canonical_index(rng.randrange(len(self)))
-        rules = {k.when[0] for k in self.knobs if k.when is not None}
+    @property
+    def rule_knobs(self) -> list[str]:
+        """The knobs other knobs apply under (a template's rules), in order."""
+        return list(dict.fromkeys(k.when[0] for k in self.knobs if k.when is not None))
+
+    def rule_of(self, config: Config) -> tuple[int, ...]:
+        """The option digits of `config`'s rule knobs (rule_knobs' order)."""
+        digits = self.indices_of(config.index)
+        return tuple(digits[self._position[name]] for name in self.rule_knobs)
+
+    def sample_index(self, rng: random.Random, tries: int = 32,
+                     rule: Sequence[int] | None = None) -> int:
+        """A canonical index drawn uniformly over the indices, or over those of `rule`
+        (option digits of rule_knobs, as rule_of gives). Where knobs apply under a
+        rule knob, a config the constraints refuse is drawn again under the same rule
+        (up to `tries` times): a rule whose own knobs are often refused still gets its
+        share of the samples, as each of Ansor's sketches does."""
+        rules = self.rule_knobs
+        digits = self.indices_of(rng.randrange(len(self)))
+        for name, digit in zip(rules, rule or (), strict=False):
+            digits[self._position[name]] = digit
+        index = self.canonical_index(self.index_of(digits))
         if not rules or not self._constraints:
             return index
         fixed = [k for k, knob in enumerate(self.knobs) if knob.name in rules]

@@ -181,6 +181,80 @@ def test_interleaved_schedules_run_as_they_would_alone():
     assert alone["gradient"][0] != alone["round_robin"][0]  # the two did differ
 
 
+class RuleTask(SyntheticTask):
+    """A space of three rules with knobs of their own (as the GPU conv template's
+    implicit GEMM rules and its direct rule), the third fastest; `refuse_third`: the
+    space's constraints refuse every config of the third."""
+
+    def __init__(self, name: str = "rules", refuse_third: bool = False) -> None:
+        super().__init__()
+        self.name = name
+        self.space = ConfigSpace()
+        self.space.define_choice("rule", ["gemm_a", "gemm_b", "direct"])
+        self.space.define_split("tile_x", 256, 2, when=("rule", ("gemm_a", "gemm_b")))
+        self.space.define_split("tile_y", 64, 2, when=("rule", ("direct",)))
+        self.space.define_choice("unroll", [0, 4, 16, 64])
+        if refuse_third:
+            self.space.add_constraint(lambda c: c["rule"] != "direct", "no direct here")
+
+    def cost(self, config) -> float:
+        base = {"gemm_a": 3.0, "gemm_b": 2.0, "direct": 1.0}[config["rule"]]
+        return base * (1 + 0.1 * abs(config["unroll"] - 16) / 16) * 1e-3
+
+
+def resumed_without_third_rule(task: RuleTask, tuner: Tuner, n: int = 40) -> None:
+    """Load `n` measurements of the first two rules, as records written before the
+    third rule existed."""
+    old = [c for c in task.space if c["rule"] != "direct"][:n]
+    tuner.load_history(old, [task.cost(c) for c in old])
+
+
+@pytest.mark.parametrize("name", ["xgb", "random"])
+def test_a_rule_the_records_never_measured_gets_half_of_the_next_batch(name):
+    task = RuleTask()
+    tuner = XGBTuner(task, seed=0, use_loop_features=False) if name == "xgb" \
+        else make_tuner(name, task, seed=0)
+    assert tuner.unexplored_rules() == []  # nothing measured: the first batch samples all
+    resumed_without_third_rule(task, tuner)
+    assert tuner.unexplored_rules() == [(2,)]
+    batch = tuner.next_batch(8)
+    assert len(batch) == 8 and len({c.index for c in batch}) == 8
+    assert sum(c["rule"] == "direct" for c in batch) >= 4
+    assert not tuner.visited & {c.index for c in batch}
+    tuner.record(batch, [task.cost(c) for c in batch])
+    assert tuner.unexplored_rules() == []
+    assert tuner.history.best_config["rule"] == "direct"
+
+
+def test_a_rule_the_constraints_refuse_is_given_up():
+    task = RuleTask(refuse_third=True)
+    tuner = XGBTuner(task, seed=0, use_loop_features=False)
+    resumed_without_third_rule(task, tuner)
+    batch = tuner.next_batch(8)
+    assert len(batch) == 8 and all(c["rule"] != "direct" for c in batch)
+    assert tuner.unexplored_rules() == [] and tuner.rules_refused == {(2,)}
+
+
+def test_the_scheduler_gives_a_resumed_task_with_an_unexplored_rule_a_batch_first():
+    # the heavy task has the larger expected gain, but the light one's space gained a
+    # rule since its records: it is measured first, and that rule wins
+    heavy, light = ScaledTask("heavy", 10.0), RuleTask("light")
+    states = [TaskState(heavy, 10, RandomTuner(heavy, seed=0), 1.0),
+              TaskState(light, 1, RandomTuner(light, seed=0), 1.0)]
+    old = list(heavy.space)[:40]
+    states[0].tuner.load_history(old, [heavy.cost(c) for c in old])
+    resumed_without_third_rule(light, states[1].tuner)
+    for state in states:
+        state.trials = len(state.tuner.history.configs)
+        state._fallback_index = state.tuner.history.configs[0].index
+    assert not states[0].fresh and states[1].fresh
+    steps = schedule_steps(states, 16, 8, measure_synthetic, "gradient", early_stopping=None)
+    first, _, _ = next(steps)
+    assert first is states[1] and not states[1].fresh
+    assert states[1].tuner.history.best_config["rule"] == "direct"
+    assert next(steps)[0] is states[0]  # then the gradient rule as before
+
+
 TUNE_SCRIPT = r"""
 import sys
 import tecc

@@ -12,6 +12,12 @@
 # checkout's results/e2e_gpu.json (and a copy left in $OUT by the same call): copy a
 # call's e2e_gpu.json and records from $OUT into the checkout before the next call
 # sends it, or the next bench writes its table over the older rows.
+# torch.compile's caches (max-autotune's kernel choices among them) live in
+# TORCHINDUCTOR_CACHE_DIR: `bench` restores them from .gpu/inductor/ (the files a
+# previous bench left in $OUT as inductor_cache.tar.xz.part*, carried back) and packs
+# them into $OUT after the run, also one cut by BENCH_TIMEOUT, so that a compile
+# longer than one call (max-autotune over MobileNetV2's convs) goes on where it stopped
+# on the next call on the same kind of GPU and torch.
 set -o pipefail
 OUT=${OUT:-/tmp/tecc-gpu-round}
 mkdir -p "$OUT"
@@ -30,8 +36,18 @@ case "${1:-}" in
   bench)
     shift
     [ -f "$OUT/e2e_gpu.json" ] && cp "$OUT/e2e_gpu.json" benchmarks/results/
+    export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/tecc-inductor-cache}
+    mkdir -p "$TORCHINDUCTOR_CACHE_DIR"
+    if ls .gpu/inductor/inductor_cache.tar.xz.part* >/dev/null 2>&1; then
+      cat .gpu/inductor/inductor_cache.tar.xz.part* | tar xJ -C "$TORCHINDUCTOR_CACHE_DIR" \
+        && echo "restored the inductor cache ($(du -sh "$TORCHINDUCTOR_CACHE_DIR" | cut -f1))"
+    fi
     timeout "${BENCH_TIMEOUT:-3000}" python3 benchmarks/e2e_gpu.py "$@" 2>&1 | tee "$OUT/bench.log"
-    cp benchmarks/results/e2e_gpu.md benchmarks/results/e2e_gpu.json "$OUT/";;
+    cp benchmarks/results/e2e_gpu.md benchmarks/results/e2e_gpu.json "$OUT/"
+    # 15 MiB parts: a file coming back from the device may hold 16 MiB
+    rm -f "$OUT"/inductor_cache.tar.xz.part*
+    tar cJ -C "$TORCHINDUCTOR_CACHE_DIR" . | split -b 15M -d - "$OUT/inductor_cache.tar.xz.part"
+    echo "inductor cache: $(cat "$OUT"/inductor_cache.tar.xz.part* | wc -c) bytes packed";;
   gemm)
     shift
     python3 benchmarks/gpu_gemm_configs.py "$@" 2>&1 | tee "$OUT/gemm_configs.log"

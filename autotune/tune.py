@@ -78,6 +78,9 @@ class TaskState:
     done: bool = False
     curve: list[tuple[int, float]] = field(default_factory=list)  # (trials, best GFLOP/s)
     _fallback_index: int | None = field(default=None, repr=False)
+    # the layers this task's workload is one way of computing: for each, its forms
+    # (the direct conv, the Winograd kernels), of which the model runs the faster
+    alternatives: list[list[list[TaskState]]] = field(default_factory=list, repr=False)
 
     @property
     def best_cost(self) -> float:
@@ -172,6 +175,7 @@ def tune_tasks(
     scheduler: str = "gradient",
     on_batch: Callable[[Sequence[TaskState], int], None] | None = None,
     cache_flush: bool | None = None,
+    alternatives: Sequence[Sequence[Sequence[int]]] = (),
 ) -> list[TaskState]:
     """Tune `tasks` (weights: calls per task in the model) with `trials` measurements in
     all, appending to `records`; then re-measure each task's `verify_top` best configs
@@ -185,6 +189,9 @@ def tune_tasks(
     from the CPU caches (its first argument, the data, stays warm), as inside a model
     whose weights do not all fit in cache; one call per timing. On a CUDA target every
     call starts with a cold L2 unless it is False (None: the target's default).
+    `alternatives`: groups of forms (lists of task indices), of which a model runs the
+    faster (tecc.api.model_tasks: a conv's direct and Winograd kernels); the gradient
+    scheduler counts a drop in the slower form only past the faster.
     Returns each task's state (tuner history, curve)."""
     if scheduler not in SCHEDULERS:
         raise ValueError(f"unknown scheduler {scheduler!r}; choose one of {SCHEDULERS}")
@@ -194,7 +201,7 @@ def tune_tasks(
         return _tune_locked(tasks, weights, Path(records), trials, tuner, batch_size,
                             early_stopping, timeout_s, seed, progress, tecc_version,
                             tvm_version, runner_options, verify_top, verify_rounds,
-                            transfer, scheduler, on_batch, cache_flush)
+                            transfer, scheduler, on_batch, cache_flush, alternatives)
 
 
 def _tune_locked(tasks: Sequence[Any], weights: Sequence[int], path: Path, trials: int,
@@ -203,12 +210,14 @@ def _tune_locked(tasks: Sequence[Any], weights: Sequence[int], path: Path, trial
                  runner_options: dict[str, Any] | None, verify_top: int, verify_rounds: int,
                  transfer: bool | str | Path | Sequence[str | Path], scheduler: str,
                  on_batch: Callable[[Sequence[TaskState], int], None] | None,
-                 cache_flush: bool | None) -> list[TaskState]:
+                 cache_flush: bool | None,
+                 alternatives: Sequence[Sequence[Sequence[int]]]) -> list[TaskState]:
     """tune_tasks with the records file locked."""
     target = tasks[0].target
     earlier = load_records(path)[0] if path.exists() else []
     states = [TaskState(t, w, make_tuner(tuner, t, seed), estimate_flops(t))
               for t, w in zip(tasks, weights, strict=True)]
+    link_alternatives(states, alternatives)
     resumed = sum(_resume(s, earlier, target) for s in states)
     if transfer is not False:
         extra = [] if transfer is True else load_records(transfer)[0]
@@ -342,13 +351,55 @@ GRADIENT_BETA = 2.0
 GRADIENT_WINDOW = 32  # trials over which the recent improvement is taken
 
 
+def link_alternatives(states: Sequence[TaskState],
+                      alternatives: Sequence[Sequence[Sequence[int]]]) -> None:
+    """Give each task of a group of alternative forms (task indices) the group, as
+    lists of states."""
+    for group in alternatives:
+        forms = [[states[i] for i in form] for form in group]
+        for state in {id(s): s for form in forms for s in form}.values():
+            state.alternatives.append(forms)
+
+
+def _room(state: TaskState, peak: dict[str, float]) -> float:
+    """Seconds a call of the task may still drop: its distance to 1/beta of the best
+    throughput a task of its template reached."""
+    best_flops = peak.get(state.task.workload.get("template", ""), 0.0)
+    if not best_flops or not math.isfinite(state.best_cost):
+        return 0.0
+    return max(0.0, state.best_cost - GRADIENT_BETA * state.flops / best_flops)
+
+
+def reaching_share(state: TaskState, peak: dict[str, float]) -> float:
+    """The share of the task's expected drop that reaches the model: 1, unless every
+    layer it computes has a faster form (alternatives) measured; then, at most, the
+    share of its form's room (summed over the form's tasks) that lies past the faster
+    form's time (0 when the whole room would not get there)."""
+    if not state.alternatives:
+        return 1.0
+    share = 0.0
+    for forms in state.alternatives:
+        times = [sum(s.best_cost for s in form) for form in forms]
+        if not all(math.isfinite(t) for t in times):
+            return 1.0  # not every form measured yet: no judgement
+        mine = next(i for i, form in enumerate(forms) if any(s is state for s in form))
+        behind = times[mine] - min(times)
+        if behind <= 0:
+            return 1.0
+        room = sum(_room(s, peak) for s in forms[mine])
+        share = max(share, (room - behind) / room if room > behind else 0.0)
+    return share
+
+
 def _pick(states: list[TaskState]) -> TaskState | None:
     """The next task to measure: first every task once, then the task whose weighted
     time is expected to drop the most per trial. As in Ansor, that expectation mixes
     the task's recent drop per trial with a forward-looking one: the larger of its
     time spread over the trials it has had (a task measured little may still drop a
     lot) and its distance to 1/beta of the best throughput a task of its template
-    reached (a layer far slower than its kind has room)."""
+    reached (a layer far slower than its kind has room); for a task of the slower form
+    of a layer with alternatives, only the share that would pass the faster form
+    (reaching_share)."""
     live = [s for s in states if not s.done]
     if not live:
         return None
@@ -365,10 +416,9 @@ def _pick(states: list[TaskState]) -> TaskState | None:
         window = s.tuner.history.best_curve()[-GRADIENT_WINDOW:]
         recent = ((window[0] - window[-1]) / len(window)
                   if len(window) > 1 and math.isfinite(window[0]) else 0.0)
-        best_flops = peak.get(s.task.workload.get("template", ""), 0.0)
-        room = s.best_cost - GRADIENT_BETA * s.flops / best_flops if best_flops else 0.0
-        forward = max(s.best_cost / max(1, s.trials), room)
-        return s.weight * (GRADIENT_ALPHA * recent + (1 - GRADIENT_ALPHA) * forward)
+        forward = max(s.best_cost / max(1, s.trials), _room(s, peak))
+        return s.weight * reaching_share(s, peak) * (
+            GRADIENT_ALPHA * recent + (1 - GRADIENT_ALPHA) * forward)
 
     return max(live, key=gain)
 

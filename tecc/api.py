@@ -244,7 +244,7 @@ def tune(
     else:
         graphs = [(model, example_inputs)]
     try:
-        tasks, weights = model_tasks(graphs, target, winograd)
+        tasks, weights, alternatives = model_tasks(graphs, target, winograd)
     except UnsupportedOperatorError as err:
         raise with_fallback_hint(err) from None
     if progress:
@@ -256,7 +256,7 @@ def tune(
                         progress=progress, tecc_version=__version__,
                         tvm_version=tvm.__version__, verify_top=verify_top,
                         verify_rounds=verify_rounds, transfer=transfer,
-                        cache_flush=cache_flush)
+                        cache_flush=cache_flush, alternatives=alternatives)
     if plot:
         plot_curves(states, plot)
     return states
@@ -334,12 +334,14 @@ def retarget(
 
 
 def model_tasks(graphs: Sequence[tuple[Any, Sequence[Any] | None]], target: str,
-                winograd: bool) -> tuple[list, list[int]]:
+                winograd: bool) -> tuple[list, list[int], list[list[list[int]]]]:
     """The tuning tasks of the models `graphs` (model, example inputs: one model, or the
-    regions of a partitioned one) and their kernel calls, one task per workload. On a
-    GPU the 3x3 convs the default rule gives to Winograd are tuned both ways (its three
-    kernels and the direct conv), so that compile chooses by the records
-    (TuningContext.gpu_winograd_tile)."""
+    regions of a partitioned one), their kernel calls, one task per workload, and the
+    alternatives among them. On a GPU the 3x3 convs the default rule gives to Winograd
+    are tuned both ways (its three kernels and the direct conv), so that compile
+    chooses by the records (TuningContext.gpu_winograd_tile); each such conv shape is
+    one alternative: [[its direct conv task], [its three Winograd tasks]] (indices into
+    the tasks), of which a model runs the faster."""
     from tecc.schedules.tasks import extract_tasks, workload_json
 
     merged: dict[str, Any] = {}
@@ -362,7 +364,35 @@ def model_tasks(graphs: Sequence[tuple[Any, Sequence[Any] | None]], target: str,
             calls[key] = calls.get(key, 0) + weight
             if form == winograd:
                 first_form.add(key)
-    return list(merged.values()), [calls[key] for key in merged]
+    keys = list(merged)
+    alternatives = []
+    for key in keys:
+        if key not in first_form and merged[key].template == "conv2d":
+            rival = [workload_json(wl) for wl in winograd_rival(merged[key].workload, target)]
+            if rival and all(k in merged for k in rival):
+                alternatives.append([[keys.index(key)], [keys.index(k) for k in rival]])
+    return list(merged.values()), [calls[key] for key in merged], alternatives
+
+
+def winograd_rival(conv: dict[str, Any], target: str) -> list[dict[str, Any]]:
+    """The workloads of the Winograd kernels that would compute the GPU conv of workload
+    `conv` instead (as graph_opt.winograd does), or [] for a conv Winograd cannot do."""
+    from tecc.frontend.ir import Constant, TensorType, Var
+    from tecc.graph_opt.layout import winograd_eligible
+    from tecc.graph_opt.winograd import GPU_WINOGRAD_TILE, default_gpu_winograd_tile
+    from tecc.tuning import gpu_winograd_workloads
+
+    info = target_info(target)
+    data = Var("data", TensorType(tuple(conv["data"]), conv["dtype"]))
+    # only the weight's shape enters the workloads
+    weight = Constant(np.zeros(conv["kernel"], dtype=conv["dtype"]))
+    attrs = {"strides": tuple(conv["strides"]), "padding": tuple(conv["padding"]),
+             "dilation": tuple(conv["dilation"]), "groups": conv["groups"]}
+    call = Call("nn.conv2d", [data, weight], attrs)
+    if not winograd_eligible(call):
+        return []
+    tile = default_gpu_winograd_tile(call, info) or GPU_WINOGRAD_TILE
+    return gpu_winograd_workloads(call, info, tile)
 
 
 def task_weights(partitioned: Function, target: Any, tasks: list) -> list[int]:

@@ -73,6 +73,18 @@ RecordsArg = str | os.PathLike | Sequence[str | os.PathLike] | None
 NCHW_TO_BLOCKS_BYTES_PER_S = 16e9
 
 
+def gpu_winograd_workloads(call: Call, info: TargetInfo, tile: int) -> list[dict[str, Any]]:
+    """The workloads of the three kernels (input transform, GEMM, output transform) that
+    compute the 3x3 conv `call` (its weight a Constant) by Winograd with `tile` on a GPU."""
+    templates = templates_for(info.kind)
+    out = winograd_conv(call, call.args[0], call.args[1], tile)
+    workloads = []
+    for kernel in (out.args[0].args[1], out.args[0], out):
+        kind = {"nn.matmul": "batch_matmul"}.get(str(kernel.op), str(kernel.op)[3:])
+        workloads.append(templates[kind].workload(kernel, kind))
+    return workloads
+
+
 class TuningContext:
     """The tuning records of one compile for `target` (facts, or anything
     tecc.target.target_info takes); `winograd=False` keeps every conv direct."""
@@ -155,12 +167,7 @@ class TuningContext:
         if direct.cost_s is None or not isinstance(call.args[1], Constant):
             return default
         tile = default or GPU_WINOGRAD_TILE
-        out = winograd_conv(call, call.args[0], call.args[1], tile)
-        kernels = [out.args[0].args[1], out.args[0], out]  # input transform, GEMM, output
-        costs = []
-        for kernel in kernels:
-            kind = {"nn.matmul": "batch_matmul"}.get(str(kernel.op), str(kernel.op)[3:])
-            costs.append(self.choose(templates[kind].workload(kernel, kind)).cost_s)
+        costs = [self.choose(wl).cost_s for wl in gpu_winograd_workloads(call, info, tile)]
         if any(c is None for c in costs):
             return default
         return tile if sum(costs) < direct.cost_s else 0

@@ -346,3 +346,35 @@ def test_records_choose_winograd_or_the_direct_conv_per_layer(tmp_path):
 
     assert choice(30e-6, [4e-6, 10e-6, 5e-6]) == 4
     assert choice(15e-6, [4e-6, 10e-6, 5e-6]) == 0
+
+
+class _TwoConvNet(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 64, 3, padding=1)  # 3 input channels: direct only
+        self.body = torch.nn.Conv2d(64, 64, 3, padding=1)  # Winograd by the default rule
+
+    def forward(self, x):
+        return torch.relu(self.body(torch.relu(self.stem(x))))
+
+
+def test_model_tasks_name_the_two_forms_of_each_winograd_layer():
+    """A GPU model's tasks include the direct conv of each layer the default rule gives
+    to Winograd, and name it with its three Winograd kernels as alternatives (the
+    scheduler counts the slower form only past the faster)."""
+    from tecc.api import model_tasks
+
+    x = torch.randn(1, 3, 28, 28, generator=torch.Generator().manual_seed(0))
+    tasks, weights, alternatives = model_tasks([(_TwoConvNet(), (x,))], f"cuda:{ARCH}", True)
+    assert len(alternatives) == 1
+    (direct,), winograd = alternatives[0]
+    assert tasks[direct].template == "conv2d"
+    assert tasks[direct].workload["kernel"] == [64, 64, 3, 3]
+    assert [tasks[i].template for i in winograd] == [
+        "winograd_input", "batch_matmul", "winograd_output"]
+    assert all(weights[i] == 1 for i in [direct, *winograd])
+    # the stem is direct in both forms: one task, no alternative
+    stems = [t for t in tasks if t.template == "conv2d" and t.workload["kernel"][1] == 3]
+    assert len(stems) == 1
+    _, _, none = model_tasks([(_TwoConvNet(), (x,))], f"cuda:{ARCH}", False)
+    assert none == []

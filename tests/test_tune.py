@@ -20,8 +20,10 @@ from tecc.autotune.records import load_records
 from tecc.autotune.search import AnnealingSearch, RandomSearch, SearchStrategy
 from tecc.autotune.tune import (
     TaskState,
+    link_alternatives,
     model_time_estimate,
     plot_curves,
+    reaching_share,
     run_schedule,
     schedule_steps,
 )
@@ -253,6 +255,43 @@ def test_the_scheduler_gives_a_resumed_task_with_an_unexplored_rule_a_batch_firs
     assert first is states[1] and not states[1].fresh
     assert states[1].tuner.history.best_config["rule"] == "direct"
     assert next(steps)[0] is states[0]  # then the gradient rule as before
+
+
+def layer_with_two_forms(seed: int, alternatives: bool) -> list[TaskState]:
+    """A conv layer computed either by one direct kernel (a 10x slower workload) or by
+    three Winograd kernels, and another kernel; `alternatives`: the scheduler knows the
+    model runs the faster form."""
+    tasks = [ScaledTask("direct", 10.0), ScaledTask("input", 0.5), ScaledTask("gemm", 1.0),
+             ScaledTask("output", 0.5), ScaledTask("other", 2.0)]
+    states = [TaskState(t, 1, RandomTuner(t, seed=seed + i), 1.0) for i, t in enumerate(tasks)]
+    if alternatives:
+        link_alternatives(states, [[[0], [1, 2, 3]]])
+    return states
+
+
+def model_time_of_layer(states: list[TaskState]) -> float:
+    direct, inp, gemm, out, other = (s.best_cost for s in states)
+    return other + min(direct, inp + gemm + out)
+
+
+def test_the_scheduler_counts_a_slower_form_only_past_the_faster():
+    # Without the alternatives the direct kernel looks like the largest room (a slow
+    # workload of its template) and takes most of the budget; with them its drops
+    # count only past the Winograd form's time, so the budget goes where the model
+    # gains. Each task's tuner proposes the same sequence in both runs.
+    runs = {}
+    for alternatives in (False, True):
+        runs[alternatives] = []
+        for seed in range(6):
+            states = layer_with_two_forms(seed, alternatives)
+            run_schedule(states, 96, 8, measure_synthetic, "gradient", early_stopping=None)
+            runs[alternatives].append((model_time_of_layer(states), states[0].trials))
+    assert all(w[0] <= wo[0] for w, wo in zip(runs[True], runs[False], strict=True)), runs
+    assert np.mean([t for t, _ in runs[True]]) < 0.9 * np.mean([t for t, _ in runs[False]])
+    assert sum(n for _, n in runs[True]) < sum(n for _, n in runs[False])
+    # a form not measured yet is no reason to hold back the other
+    states = layer_with_two_forms(0, True)
+    assert reaching_share(states[0], {"synthetic": 1e3}) == 1.0
 
 
 TUNE_SCRIPT = r"""

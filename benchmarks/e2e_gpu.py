@@ -241,6 +241,9 @@ def main() -> None:
     parser.add_argument("--records", default=None,
                         help="tuning records: also time tecc with them (\"tecc tuned\")")
     args = parser.parse_args()
+    if not torch.cuda.is_available():
+        # the tables name the GPU they were measured on: nothing to add without one
+        raise SystemExit("e2e_gpu.py measures on a CUDA GPU, and torch sees none here")
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     competitors = args.competitors.split(",")

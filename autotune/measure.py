@@ -32,6 +32,7 @@ from tecc.autotune.builder import remove_built
 from tecc.autotune.errors import RUN_ERROR, error_kind, format_error
 from tecc.autotune.records import Record, RecordWriter, Timed
 from tecc.autotune.runner import RunJob, RunOutcome
+from threadpoolctl import threadpool_limits
 
 from tecc.canonical import canonical_json
 
@@ -93,10 +94,15 @@ def _reference(runner: Runner, task: TunableTask) -> References:
     key = task_key(task)
     if key not in cache:
         options = runner.options
-        inputs = [np.ascontiguousarray(a) for a in task.reference_inputs(options.seed)]
-        expected = None
-        if options.check_correctness:
-            expected = [np.asarray(e) for e in task.reference_outputs(inputs)]
+        # numpy's BLAS on one thread: a multi-threaded reference (a dense's matmul)
+        # leaves its idle threads spinning for a while (OpenBLAS: about 0.1 s) on the
+        # cores the runner times the next candidate on; a 2-thread kernel of 0.3 ms
+        # then timed 8 ms
+        with threadpool_limits(limits=1, user_api="blas"):
+            inputs = [np.ascontiguousarray(a) for a in task.reference_inputs(options.seed)]
+            expected = None
+            if options.check_correctness:
+                expected = [np.asarray(e) for e in task.reference_outputs(inputs)]
         cache[key] = (inputs, expected)
     return cache[key]
 

@@ -353,3 +353,28 @@ def test_measure_batch_takes_any_runner(task, builder, runner, tmp_path):
     unchecked = RecordingRunner(RunOptions(check_correctness=False))
     measure_batch(builder, unchecked, [MeasureInput(task, cfg())])
     assert unchecked.jobs[0].expected is None
+
+
+@dataclass
+class BlasThreadsTask(MatmulTask):
+    """MatmulTask noting how many threads numpy's BLAS may use for its reference."""
+
+    name: str = "test_matmul_blas_threads"
+    blas_threads: list[int] = field(default_factory=list)
+
+    def reference_outputs(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        from threadpoolctl import threadpool_info
+
+        self.blas_threads = [p["num_threads"] for p in threadpool_info()
+                             if p["user_api"] == "blas"]
+        return super().reference_outputs(inputs)
+
+
+def test_the_reference_runs_on_one_blas_thread(builder):
+    # numpy's idle BLAS threads spin for about 0.1 s after a multi-threaded matmul, on
+    # the cores where the runner times the next candidate: the first candidates of each
+    # task timed 10-25x slow on 2 cores
+    task = BlasThreadsTask(target_to_json(resolve_target("llvm")))
+    results = measure_batch(builder, RecordingRunner(), [MeasureInput(task, cfg())])
+    assert results[0].error is None
+    assert task.blas_threads and set(task.blas_threads) == {1}

@@ -95,15 +95,22 @@ def dense_space(m: int, n: int, k: int, lanes: int, pack_choice: bool) -> Config
     return space
 
 
+# A row's time in a register tile of t rows, relative to an endless tile: 1 + this / t
+# (each k step's B vectors are loaded once for the t rows). Fitted on 2 AVX-512 cores
+# (znver4) on ConvNeXt's denses, whose M is one image row (7-56: the leading axes are
+# the batch): 4 rows beat 6 at M = 7 (1.45x, 12 padded rows against 8), 28 and 56
+# (1.05-1.19x), 3 beat 6 at M = 14 (1.07-1.14x); at M = 197, 6 rows stay.
+ROW_LOAD_SHARE = 0.5
+
+
 def register_tile_rows(m: int, nb: int, lanes: int) -> int:
     """Rows of the register tile: what the vector registers hold after one B vector
-    per column vector and a broadcast A value. M is padded to whole tiles, so a
-    non-divisor costs only its padded rows: the tallest tile padding little."""
+    per column vector and a broadcast A value. M is padded to whole tiles: the tile
+    with the least time per useful row, padded rows (computed and copied) counted."""
     vecs = max(1, -(-nb // lanes))
     budget = max(1, (vector_registers(lanes) - vecs - 1) // vecs)
     fits = [t for t in TILE_M if t <= min(budget, m)] or [1]
-    # a tile's rows reuse each B vector: fewer rows cost more than a few padded ones
-    return max(fits, key=lambda t: (t / (1 + padded_waste(m, t)), m % t == 0, t))
+    return min(fits, key=lambda t: ((1 + padded_waste(m, t)) * (1 + ROW_LOAD_SHARE / t), -t))
 
 
 def dense_fallback_values(m: int, n: int, k: int, lanes: int, cores: int,

@@ -101,6 +101,19 @@ def test_spaces_offer_vector_tiles_for_odd_n():
         assert fallback["tile_m"] == register_tile_rows(197, fallback["tile_n"], LANES) >= 6
 
 
+def test_row_tiles_weigh_their_padded_rows():
+    """A register tile's rows: the least time per useful row, padded rows counted. A
+    dense on [1, H, W, C] has M = W (ConvNeXt's 7 to 56 on AVX-512): 4 rows there, not
+    6 (12 rows computed for 7); a long M keeps the tallest tile the registers hold."""
+    assert register_tile_rows(7, 64, 16) == 4
+    assert register_tile_rows(28, 64, 16) == 4
+    assert register_tile_rows(14, 64, 16) == 3
+    assert register_tile_rows(197, 64, 16) == 6
+    assert register_tile_rows(3136, 16, 16) == 8
+    assert register_tile_rows(64, 16, 8) == 6  # AVX2, two-vector columns
+    _run_configs(_mm("dense", [1, 7, 7, 40], [50, 40]), [None])
+
+
 def test_old_configs_apply_or_are_refused():
     """A config tuned before (tile_n dividing N, say 13 of 1001: no vector divides it
     on AVX2 or AVX-512) still builds and computes; one naming a tile no space has is

@@ -14,6 +14,7 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import signal
+import sys
 import time
 import traceback
 import weakref
@@ -21,6 +22,40 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
+
+WORKER_NAME = "tecc-measure-worker"
+# A worker's exit code when it finds itself running the main script again (spawn
+# imports it; a script that tunes without `if __name__ == "__main__":` would tune anew
+# in every worker)
+REIMPORTED_MAIN_EXIT = 77
+
+
+class WorkerStartError(RuntimeError):
+    """The pool's worker processes stop before they are ready: a fault of the
+    environment or of the calling script, not of a job."""
+
+
+def exit_if_in_worker() -> None:
+    """End this process with REIMPORTED_MAIN_EXIT if it is a measuring worker running
+    the main script again (spawn's import of it). Called where tuning starts, before
+    anything slow, so that the tuner that started the worker can name the cause."""
+    if multiprocessing.current_process().name == WORKER_NAME:
+        os._exit(REIMPORTED_MAIN_EXIT)  # no clean-up of the half-imported script
+
+
+def _start_failure_message(failures: int, last: str) -> str:
+    main = getattr(sys.modules.get("__main__"), "__file__", None)
+    guard = 'if __name__ == "__main__":'
+    if last == f"exit code {REIMPORTED_MAIN_EXIT}":
+        return (f"the tuner's worker processes stopped at their start: each ran the main "
+                f"script {main} again (the workers are spawned, as TVM is not fork-safe, "
+                f"and a spawned process imports the main script), and it tunes when "
+                f"imported. Put the tuning under `{guard}` in {main}.")
+    hint = (f" If tuning runs from a script, it must run under `{guard}`: spawned "
+            f"workers import the main script ({main})." if main else "")
+    return (f"the tuner's worker processes stop before they are ready ({failures} starts; "
+            f"the last: {last}): a fault of this environment, not of a candidate (their "
+            f"own error, if any, is printed above).{hint}")
 
 
 def describe_exit(exitcode: int | None) -> str:
@@ -101,7 +136,7 @@ class _Worker:
         parent, child = self._ctx.Pipe(duplex=True)
         # daemon: a worker never outlives the tuner, even when it is killed
         proc = self._ctx.Process(target=_worker_main, args=(child, self._env, self._warm),
-                                 daemon=True, name="tecc-measure-worker")
+                                 daemon=True, name=WORKER_NAME)
         try:
             proc.start()
         except BaseException:
@@ -154,6 +189,7 @@ class WorkerPool:
     def __init__(self, size: int, env: dict[str, str] | None = None,
                  warm_imports: Sequence[str] = ("tvm",), start_timeout_s: float = 120.0,
                  start_method: str = "spawn", retire_after_error: bool = False) -> None:
+        exit_if_in_worker()
         ctx = multiprocessing.get_context(start_method)
         self.workers = [_Worker(ctx, dict(env or {}), tuple(warm_imports))
                         for _ in range(max(1, size))]
@@ -177,6 +213,7 @@ class WorkerPool:
         results: list[JobOutcome | None] = [None] * len(payloads)
         queue = collections.deque(range(len(payloads)))
         failed_starts = 0
+        last_failure = ""
 
         def finish(index: int, outcome: JobOutcome) -> None:
             results[index] = outcome
@@ -184,17 +221,23 @@ class WorkerPool:
                 on_done(index, outcome)
 
         def lost(w: _Worker, outcome_status: str, description: str) -> None:
-            nonlocal failed_starts
+            nonlocal failed_starts, last_failure
             if w.state == "busy":
                 finish(w.job, JobOutcome(outcome_status, description,
                                        time.monotonic() - w.started))
                 self.restarts += 1
             else:
                 failed_starts += 1
+                last_failure = description
             w.kill()
 
         while queue or any(w.state == "busy" for w in self.workers):
             if failed_starts >= 3 * len(self.workers):  # broken environment, not a job
+                if not any(w.state in ("busy", "idle") for w in self.workers):
+                    # none ready: its jobs would all fail, as recorded faults of theirs
+                    for w in self.workers:
+                        w.kill()
+                    raise WorkerStartError(_start_failure_message(failed_starts, last_failure))
                 while queue:  # the busy ones still finish
                     finish(queue.popleft(), JobOutcome("died", "worker processes fail to "
                                                      "start", 0.0))
@@ -215,6 +258,7 @@ class WorkerPool:
                     except OSError:  # the worker died while idle: requeue, restart
                         queue.appendleft(index)
                         failed_starts += 1
+                        last_failure = "died while idle"
                         w.kill()
             live = [w for w in self.workers if w.state in ("starting", "busy")]
             if not live:

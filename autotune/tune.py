@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 from tecc.autotune.builder import Builder, LocalBuilder, remove_built
 from tecc.autotune.measure import MeasureInput, measure_batch, record_of, run_built
+from tecc.autotune.pool import exit_if_in_worker
 from tecc.autotune.records import (
     RETARGET_BUDGET_S,
     RETARGET_K,
@@ -193,6 +194,7 @@ def tune_tasks(
     faster (tecc.api.model_tasks: a conv's direct and Winograd kernels); the gradient
     scheduler counts a drop in the slower form only past the faster.
     Returns each task's state (tuner history, curve)."""
+    exit_if_in_worker()
     if scheduler not in SCHEDULERS:
         raise ValueError(f"unknown scheduler {scheduler!r}; choose one of {SCHEDULERS}")
     if not tasks:

@@ -230,8 +230,10 @@ def tune(
     `fallback="torch"`: a model with ops tecc cannot import has the tasks of the regions
     compile(..., fallback="torch") compiles tuned (strict: the error listing the ops).
     Returns the per-task tuning states (their histories and best GFLOP/s)."""
+    from tecc.autotune.pool import exit_if_in_worker
     from tecc.autotune.tune import plot_curves, require_plotting, tune_tasks
 
+    exit_if_in_worker()  # a script without a main guard, run again by a worker
     check_fallback(fallback)
     if plot:  # before tuning: a missing matplotlib found after hours of it is no help
         require_plotting()
@@ -300,9 +302,11 @@ def retarget(
     LayoutChainPlan). `tecc.compile(..., records=records)` then reports those workloads "retargeted";
     `tecc.tune(..., records=records)` continues from them. Returns the per-task
     retarget states (configs measured, fallback and best times here)."""
+    from tecc.autotune.pool import exit_if_in_worker
     from tecc.autotune.tune import retarget_tasks
     from tecc.schedules.tasks import extract_tasks
 
+    exit_if_in_worker()  # a script without a main guard, run again by a worker
     started = time.perf_counter()
     sources: list[str | os.PathLike] = [records] if os.path.exists(records) else []
     if foreign:

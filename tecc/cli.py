@@ -61,6 +61,7 @@ def print_retarget(states: list, records: str) -> None:
 def _retarget(args: argparse.Namespace, model_spec: str, foreign: list[str] | None,
               records: str) -> int:
     import tecc
+    from tecc.autotune.pool import WorkerStartError
     from tecc.autotune.records import RecordsBusyError
 
     model, example_inputs = load_model_spec(model_spec)
@@ -69,7 +70,7 @@ def _retarget(args: argparse.Namespace, model_spec: str, foreign: list[str] | No
                                target=args.target, k=args.k, time_budget=args.time_budget,
                                rounds=args.rounds, timeout=args.timeout,
                                winograd=not args.no_winograd)
-    except (RecordsBusyError, ValueError) as err:
+    except (RecordsBusyError, WorkerStartError, ValueError) as err:
         raise SystemExit(f"tecc {args.command}: {err}") from None
     print_retarget(states, records)
     return 0
@@ -77,6 +78,7 @@ def _retarget(args: argparse.Namespace, model_spec: str, foreign: list[str] | No
 
 def cmd_tune(args: argparse.Namespace) -> int:
     import tecc
+    from tecc.autotune.pool import WorkerStartError
     from tecc.autotune.records import RecordsBusyError
     from tecc.frontend.importer import UnsupportedOperatorError
     from tecc.runtime.cuda import CudaError
@@ -92,7 +94,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
                            winograd=not args.no_winograd,
                            transfer=False if args.no_transfer else (args.transfer or True),
                            cache_flush=args.cache_flush, fallback=args.fallback)
-    except (RecordsBusyError, CudaError, UnsupportedOperatorError) as err:
+    except (RecordsBusyError, CudaError, UnsupportedOperatorError, WorkerStartError) as err:
         raise SystemExit(f"tecc tune: {err}") from None
     print(f"{'task':28s} {'calls':>5s} {'trials':>6s} {'best GFLOP/s':>12s}")
     for s in states:

@@ -20,7 +20,7 @@ import pytest
 import tvm
 from tecc.autotune.builder import Builder, LocalBuilder, remove_built
 from tecc.autotune.measure import MeasureInput, MeasureResult, measure_batch
-from tecc.autotune.pool import WorkerPool
+from tecc.autotune.pool import WorkerPool, WorkerStartError
 from tecc.autotune.records import RecordWriter, load_records
 from tecc.autotune.runner import (
     CUTOFF_FLOOR_S,
@@ -261,6 +261,46 @@ def test_a_worker_that_cannot_start_reports_why():
         worker.start(1.0)
     worker.kill()
     assert worker.proc is None and worker.state == "down"
+
+
+def test_workers_that_cannot_start_stop_the_pool_with_the_cause(tmp_path, monkeypatch):
+    # a worker that exits while importing (here, code 3) is the environment's fault:
+    # the pool says so instead of failing every job as if it had crashed it
+    (tmp_path / "exits_at_import.py").write_text("raise SystemExit(3)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))  # spawned workers get the parent's path
+    pool = WorkerPool(1, warm_imports=("exits_at_import",), start_timeout_s=30)
+    try:
+        with pytest.raises(WorkerStartError, match="3 starts; the last: exit code 3"):
+            pool.map(math.sqrt, [4.0, 9.0], timeout_s=30)
+        assert all(w.proc is None for w in pool.workers)
+    finally:
+        pool.close()
+
+
+UNGUARDED_TUNING_SCRIPT = """
+import sys
+import torch
+import tecc
+
+model = torch.nn.Linear(16, 32).eval()
+tecc.tune(model, (torch.randn(4, 16),), records=sys.argv[1], trials=4, progress=False,
+          transfer=False, verify_rounds=0)
+"""
+
+
+def test_a_script_tuning_without_a_main_guard_is_told_to_add_one(tmp_path):
+    # spawned workers import the main script again: without the guard each would tune
+    # anew; they stop at once and the tuner names the script and the fix
+    script = tmp_path / "tune_it.py"
+    script.write_text(UNGUARDED_TUNING_SCRIPT)
+    records = tmp_path / "records.jsonl"
+    proc = subprocess.run([sys.executable, str(script), str(records)], capture_output=True,
+                          text=True, timeout=600, check=False)
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("tecc.autotune.pool.WorkerStartError") and str(script) in last
+    assert 'if __name__ == "__main__":' in last
+    assert not records.exists() or records.read_text() == ""
 
 
 RUNNER_WITHOUT_COMPILER = r"""

@@ -16,6 +16,7 @@ from tecc.graph_opt import (  # noqa: F401
     dense_pack,
     fold_batch_norm,
     fold_constant,
+    fold_dense_rows,
     fuse_ops,
     layout,
     simplify,
@@ -26,7 +27,8 @@ from tecc.graph_opt.pass_manager import Pass, get_pass, run_passes
 OPTIMIZATION_PASSES = ("simplify", "fold_batch_norm", "fold_constants", "simplify",
                        "eliminate_common_subexpr", "combine_parallel_dense",
                        "eliminate_dead_code", "fuse_attention",
-                       "convert_layout_nchwc", "winograd_gpu", "pack_dense_weights")
+                       "convert_layout_nchwc", "winograd_gpu", "fold_dense_rows",
+                       "pack_dense_weights")
 
 
 def optimization_pipeline() -> list[Pass]:
@@ -37,8 +39,9 @@ def optimization_pipeline() -> list[Pass]:
     simplify; CSE then sees the simplest graph (two denses of the same weight are one
     before parallel denses are combined), and DCE drops what merging left
     unreachable. Attention chains become one op (CPU) on that final graph; the CPU
-    layout pass, the GPU Winograd rewrite and the dense weight packing come last, on
-    the final weights, right before fusion."""
+    layout pass, the GPU Winograd rewrite, the CPU denses on 2-D rows (after the
+    attention patterns, which match denses on [B, S, K]) and the dense weight packing
+    come last, on the final weights, right before fusion."""
     return [get_pass(n) for n in OPTIMIZATION_PASSES]
 
 

@@ -38,8 +38,11 @@ from tecc.graph_opt.passes import (
     eliminate_dead_code,
     fold_batch_norm,
     fold_constants,
+    fold_dense_rows,
+    fuse_ops,
     simplify,
 )
+from tecc.graph_opt.patterns import is_reshape_only
 from tecc.graph_opt.pipeline import compile_pipeline, optimization_pipeline, optimize
 from tecc.runtime import Executor
 
@@ -508,7 +511,7 @@ def test_pipeline_order_and_levels(capsys):
     assert names == ["simplify", "fold_batch_norm", "fold_constants", "simplify",
                      "eliminate_common_subexpr", "combine_parallel_dense", "eliminate_dead_code",
                      "fuse_attention", "convert_layout_nchwc", "winograd_gpu",
-                     "pack_dense_weights"]
+                     "fold_dense_rows", "pack_dense_weights"]
     x = var("x", (2, 3))
     f = Function([x], call("reshape", call("copy", call("add", x, call("negative", const(
         rand((3,), 50))))), newshape=(2, 3)))
@@ -643,6 +646,86 @@ def test_simplify_linear_on_a_flattened_input_keeps_the_leading_dims():
     # leading dims that do not multiply to the rows, or another last dim: kept
     g = Function([x], call("reshape", dense, newshape=(4, 12)))
     assert op_counts(simplify(g))["reshape"] == 2
+
+
+def _kernels(func: Function) -> int:
+    """Kernels fuse_ops makes of `func`: its calls of primitive functions that are
+    more than a reshape (a reshape alone is a view)."""
+    with PassContext(target="llvm:core-avx2", opt_level=3):
+        fused = fuse_ops(func)
+    return sum(1 for n in post_order(fused.body) if isinstance(n, Call)
+               and isinstance(n.op, Function) and not is_reshape_only(n.op))
+
+
+def _channels_last_mlp(x: Expr, residual: Expr, seed: int) -> Expr:
+    """ConvNeXt's pointwise block: dense, bias, GELU, dense, a per-channel scale, the
+    residual, back to channels first."""
+    c = x.shape[-1]
+    y = call("nn.bias_add", call("nn.dense", x, const(rand((4 * c, c), seed))),
+             const(rand((4 * c,), seed + 1)), axis=-1)
+    y = call("nn.dense", call("gelu", y, approximate="none"), const(rand((c, 4 * c), seed + 2)))
+    y = call("add", call("multiply", const(rand((c,), seed + 3)), y), residual)
+    return call("transpose", y, axes=(0, 3, 1, 2))
+
+
+def test_fold_dense_rows_computes_on_the_rows_with_the_epilogue_below_the_view():
+    x, r = var("x", (2, 5, 7, 16)), var("r", (2, 5, 7, 16))
+    f = Function([x, r], _channels_last_mlp(x, r, 80))
+    with PassContext(target="llvm:core-avx2", opt_level=3):
+        out = fold_dense_rows(f)
+    calls = [n for n in post_order(out.body) if isinstance(n, Call)]
+    # both denses on the 70 rows; bias, GELU, scale and residual on [70, N]; one view
+    # of x, one of r, one back to [2, 5, 7, 16] before the transpose
+    assert [n.args[0].shape for n in calls if n.op == "nn.dense"] == [(70, 16), (70, 64)]
+    assert all(n.shape[0] == 70 and len(n.shape) == 2 for n in calls
+               if n.op in ("nn.bias_add", "gelu", "multiply", "add"))
+    assert op_counts(out)["reshape"] == 3
+    assert _kernels(out) == _kernels(f) == 3  # the epilogues still fuse; views are free
+    assert_same_outputs(f, out, rtol=1e-4, atol=1e-4)
+
+
+def test_fold_dense_rows_leaves_what_it_must_and_keeps_the_results():
+    with PassContext(target="llvm:core-avx2", opt_level=3):
+        # one block of rows ([1, S, K]: the shipped records' workloads), or a GPU target
+        x = var("x", (1, 9, 16))
+        g = Function([x], call("relu", call("nn.dense", x, const(rand((8, 16), 90)))))
+        assert fold_dense_rows(g) is g or structural_equal(fold_dense_rows(g), g)
+        # an operand varying along another axis than the last, and a dense used twice:
+        # the view stays above them
+        x, s = var("x", (1, 4, 6, 16)), var("s", (1, 4, 1, 8))
+        d = call("nn.dense", x, const(rand((8, 16), 91)))
+        h = Function([x, s], Tuple([call("add", d, s), call("relu", d)]))
+        out = fold_dense_rows(h)
+        assert [n.args[0].shape for n in post_order(out.body)
+                if isinstance(n, Call) and n.op == "nn.dense"] == [(24, 16)]
+        assert [n.shape for n in post_order(out.body)
+                if isinstance(n, Call) and n.op in ("add", "relu")] == [(1, 4, 6, 8)] * 2
+        assert_same_outputs(h, out)
+    x = var("x", (1, 4, 6, 16))
+    k = Function([x], call("nn.dense", x, const(rand((8, 16), 92))))
+    with PassContext(target="cuda", opt_level=3):
+        assert fold_dense_rows(k) is k
+
+
+def test_channels_last_mlp_of_a_torch_model_runs_on_rows():
+    # torch's Linear on [N, H, W, C] (ConvNeXt), whole pipeline, against eager
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.norm = torch.nn.LayerNorm(24)
+            self.fc1, self.fc2 = torch.nn.Linear(24, 96), torch.nn.Linear(96, 24)
+            self.gamma = torch.nn.Parameter(torch.rand(24) + 0.5)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.norm(x.permute(0, 2, 3, 1))
+            y = self.gamma * self.fc2(torch.nn.functional.gelu(self.fc1(y)))
+            return x + y.permute(0, 3, 1, 2)
+
+    torch.manual_seed(0)
+    _, after = _check_model(Block().eval(), (torch.randn(2, 24, 7, 7),))
+    denses = [n for n in post_order(after.body) if isinstance(n, Call)
+              and n.op == "nn.dense_pack"]
+    assert [d.args[0].shape for d in denses] == [(98, 24), (98, 96)]
 
 
 def _projections(x: Expr, widths: tuple[int, ...], biases: tuple[bool, ...], seed: int):

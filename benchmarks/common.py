@@ -8,6 +8,7 @@ import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from tecc import runtime  # noqa: F401 - sets TVM_NUM_THREADS (a thread per core) here and in workers
 
@@ -48,6 +49,25 @@ def interleaved_ms(fns: dict[str, Callable[[], object]], rounds: int = 7,
                 samples[name].append(time.perf_counter() - start)
                 runs += 1
     return {name: statistics.median(times) * 1e3 for name, times in samples.items()}
+
+
+def against_eager(model: Any, inputs: tuple, builds: dict[str, Any]
+                  ) -> tuple[dict[str, float], float]:
+    """Median ms of torch eager ("eager") and of each tecc build of `model` (called
+    with numpy arrays), in one set of interleaved rounds, and the largest relative
+    error of the builds' outputs against eager's."""
+    import torch
+
+    from tests.util import max_rel_error
+
+    with torch.no_grad():
+        expected = model(*inputs)
+    err = max(max_rel_error(b(*inputs), expected) for b in builds.values())
+    arrays = [x.numpy() for x in inputs]
+    fns: dict[str, Callable[[], object]] = {"eager": lambda: model(*inputs)}
+    fns.update({name: (lambda b=b: b(*arrays)) for name, b in builds.items()})
+    with torch.no_grad():
+        return interleaved_ms(fns), err
 
 
 def host_line() -> str:

@@ -21,8 +21,7 @@ sys.path.append(str(Path(__file__).resolve().parents[1]))
 from tecc.graph_opt import pipeline  # noqa: E402
 
 import tecc  # noqa: E402
-from benchmarks.common import host_line, interleaved_ms, write_table  # noqa: E402
-from tests.util import max_rel_error  # noqa: E402
+from benchmarks.common import against_eager, host_line, write_table  # noqa: E402
 
 
 class Mlp(torch.nn.Module):
@@ -79,18 +78,10 @@ def main() -> None:
         model, inputs = CASES[name]() if name in CASES else zoo_case(name)
         model = model.eval()
         print(f"== {name}", flush=True)
-        with torch.no_grad():
-            expected = model(*inputs)
         with without_fold():
             nd = tecc.compile(model, inputs)
         rows_2d = tecc.compile(model, inputs)
-        err = max(max_rel_error(nd(*inputs), expected),
-                  max_rel_error(rows_2d(*inputs), expected))
-        np_inputs = [x.numpy() for x in inputs]
-        with torch.no_grad():
-            ms = interleaved_ms({"eager": lambda: model(*inputs),  # noqa: B023
-                                 "nd": lambda: nd(*np_inputs),  # noqa: B023
-                                 "rows": lambda: rows_2d(*np_inputs)})  # noqa: B023
+        ms, err = against_eager(model, inputs, {"nd": nd, "rows": rows_2d})
         rows.append([name, str(nd.summary().kernel_calls), str(rows_2d.summary().kernel_calls),
                      f"{ms['eager']:.3f}", f"{ms['nd']:.3f}", f"{ms['rows']:.3f}",
                      f"{ms['nd'] / ms['rows']:.2f}x", f"{err:.1e}"])

@@ -5,10 +5,9 @@
 `reshape(nn.dense(x[P, K], W), [a, b, ..., M, N])` with P = a * b * ... * M, as torch's
 linear flattens its input. The dense template takes the leading axes as a batch that
 shares the weight: [1, 7, 7, 768] was 7 matrices of 7 rows, each padded to whole
-register tiles (8 rows of 4); as 49 rows, the tiles pad 49 once (2 AVX-512 cores,
-untuned: ConvNeXt 1.03-1.04x end to end; ConvNeXt-style MLPs at 7x7x768 and
-14x14x384 1.06x, 56x56x96 1.04x, 28x28x192 0.92-0.98x, where the fallback gives the
-784 rows 6-row tiles and the 28-row matrices 4-row ones; benchmarks/dense_rows.py).
+register tiles (8 rows of 4); as 49 rows, the tiles pad 49 once (2 Zen 4 cores,
+untuned: ConvNeXt 1.06x end to end; ConvNeXt-style MLPs at 7x7x768 1.09x, 14x14x384
+1.08x, 28x28x192 1.02x, 56x56x96 1.03x; benchmarks/dense_rows.py).
 
 The reshape back to the N-d shape is then moved below the elementwise ops that
 follow (bias, GELU, a per-channel scale, a residual add), so that they still fuse into

@@ -102,21 +102,38 @@ def dense_space(m: int, n: int, k: int, lanes: int, pack_choice: bool) -> Config
 # (1.05-1.19x), 3 beat 6 at M = 14 (1.07-1.14x); at M = 197, 6 rows stay.
 ROW_LOAD_SHARE = 0.5
 
+# Accumulator vectors an untuned register tile may hold, by LLVM's CPU name, where
+# fewer than the registers allow ran faster. Zen 4 executes a 512-bit FMA as two 256-bit
+# halves: on 2 znver4 cores, 4 rows of 4 vectors (16 accumulators) beat 6 rows (24)
+# model by model, untuned (BERT 1.11x, GPT-2 1.08x, ConvNeXt 1.03x, Whisper's encoder
+# 1.02x, MobileViT 1.01x, ViT and SegFormer 1.00x, none slower;
+# benchmarks/results/dense_tile_rows_znver4.md). Other
+# CPUs (Intel's two full 512-bit FMA pipes among them) have not been measured so.
+TILE_ACCUMULATORS = {"znver4": 16}
 
-def register_tile_rows(m: int, nb: int, lanes: int) -> int:
+
+def tile_accumulators(cpu: str) -> int | None:
+    """The accumulator limit of an untuned register tile on `cpu`, None for none."""
+    return TILE_ACCUMULATORS.get(cpu)
+
+
+def register_tile_rows(m: int, nb: int, lanes: int, accumulators: int | None = None) -> int:
     """Rows of the register tile: what the vector registers hold after one B vector
-    per column vector and a broadcast A value. M is padded to whole tiles: the tile
-    with the least time per useful row, padded rows (computed and copied) counted."""
+    per column vector and a broadcast A value (at most `accumulators` vectors where
+    given). M is padded to whole tiles: the tile with the least time per useful row,
+    padded rows (computed and copied) counted."""
     vecs = max(1, -(-nb // lanes))
     budget = max(1, (vector_registers(lanes) - vecs - 1) // vecs)
+    if accumulators is not None:
+        budget = min(budget, max(1, accumulators // vecs))
     fits = [t for t in TILE_M if t <= min(budget, m)] or [1]
     return min(fits, key=lambda t: ((1 + padded_waste(m, t)) * (1 + ROW_LOAD_SHARE / t), -t))
 
 
 def dense_fallback_values(m: int, n: int, k: int, lanes: int, cores: int,
-                          nb: int | None = None) -> dict[str, Any]:
+                          nb: int | None = None, cpu: str = "") -> dict[str, Any]:
     nb = nb or default_dense_block(n, lanes)
-    mi = register_tile_rows(m, nb, lanes)
+    mi = register_tile_rows(m, nb, lanes, tile_accumulators(cpu))
     kt = k_tiles(k)
     kb = next((t for t in kt if t <= 256), kt[-1])
     if m >= 128 and n >= 256 and k >= 256:
@@ -200,7 +217,8 @@ class DenseLikeTemplate(Template):
 
     def fallback(self, space: ConfigSpace, ctx: ScheduleContext) -> Config:
         _, m, n, k = dense_dims(ctx)
-        values = dense_fallback_values(m, n, k, ctx.lanes, ctx.cores, self.packed_block(ctx))
+        values = dense_fallback_values(m, n, k, ctx.lanes, ctx.cores, self.packed_block(ctx),
+                                       ctx.info.cpu)
         return nearest_config(space, values)
 
     def accepts(self, ctx: ScheduleContext, config: Config) -> bool:

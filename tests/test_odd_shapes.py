@@ -14,7 +14,7 @@ import tvm
 from tecc.autotune.features import FeatureCache
 from tecc.graph_opt.dense_pack import pack_dense_weight, unpack_dense_weight
 from tecc.schedules.tasks import task_from_workload
-from tecc.schedules.templates_dense import register_tile_rows
+from tecc.schedules.templates_dense import register_tile_rows, tile_accumulators
 
 import tecc
 from tecc.target import resolve_target, target_info
@@ -96,9 +96,12 @@ def test_spaces_offer_vector_tiles_for_odd_n():
         assert [t for t in tiles if n % t == 0][:1] == [tiles[0]]  # divisors first
         fallback = task.fallback_config()
         # a tall row tile: as many rows as the vector registers hold (8 on AVX-512's
-        # 32 registers, 6 on AVX2's 16 with two-vector columns)
+        # 32 registers, 6 on AVX2's 16 with two-vector columns), or as this CPU's
+        # accumulator limit allows (16 vectors on Zen 4: 4 rows of 4 vectors)
         assert fallback["tile_n"] % LANES == 0
-        assert fallback["tile_m"] == register_tile_rows(197, fallback["tile_n"], LANES) >= 6
+        limit = tile_accumulators(target_info(TARGET).cpu)
+        assert fallback["tile_m"] == register_tile_rows(197, fallback["tile_n"], LANES,
+                                                        limit) >= 4
 
 
 def test_row_tiles_weigh_their_padded_rows():
@@ -111,6 +114,10 @@ def test_row_tiles_weigh_their_padded_rows():
     assert register_tile_rows(197, 64, 16) == 6
     assert register_tile_rows(3136, 16, 16) == 8
     assert register_tile_rows(64, 16, 8) == 6  # AVX2, two-vector columns
+    # Zen 4's limit of 16 accumulators: 4 rows of 4 vectors, 8 of one or two
+    assert tile_accumulators("znver4") == 16 and tile_accumulators("skylake-avx512") is None
+    assert register_tile_rows(197, 64, 16, 16) == 4
+    assert register_tile_rows(3136, 16, 16, 16) == register_tile_rows(3136, 32, 16, 16) == 8
     _run_configs(_mm("dense", [1, 7, 7, 40], [50, 40]), [None])
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import platform
 import statistics
@@ -49,6 +50,18 @@ def interleaved_ms(fns: dict[str, Callable[[], object]], rounds: int = 7,
                 samples[name].append(time.perf_counter() - start)
                 runs += 1
     return {name: statistics.median(times) * 1e3 for name, times in samples.items()}
+
+
+def with_and_without(model: Any, inputs: tuple,
+                     without: Callable[[], contextlib.AbstractContextManager]
+                     ) -> tuple[Any, Any]:
+    """tecc's builds of `model` under the context `without()` (a change left out) and
+    as the code stands."""
+    import tecc
+
+    with without():
+        before = tecc.compile(model, inputs)
+    return before, tecc.compile(model, inputs)
 
 
 def against_eager(model: Any, inputs: tuple, builds: dict[str, Any]

@@ -20,8 +20,7 @@ sys.path.append(str(Path(__file__).resolve().parents[1]))
 
 from tecc.graph_opt import pipeline  # noqa: E402
 
-import tecc  # noqa: E402
-from benchmarks.common import against_eager, host_line, write_table  # noqa: E402
+from benchmarks.common import against_eager, host_line, with_and_without, write_table  # noqa: E402
 
 
 class Mlp(torch.nn.Module):
@@ -78,9 +77,7 @@ def main() -> None:
         model, inputs = CASES[name]() if name in CASES else zoo_case(name)
         model = model.eval()
         print(f"== {name}", flush=True)
-        with without_fold():
-            nd = tecc.compile(model, inputs)
-        rows_2d = tecc.compile(model, inputs)
+        nd, rows_2d = with_and_without(model, inputs, without_fold)
         ms, err = against_eager(model, inputs, {"nd": nd, "rows": rows_2d})
         rows.append([name, str(nd.summary().kernel_calls), str(rows_2d.summary().kernel_calls),
                      f"{ms['eager']:.3f}", f"{ms['nd']:.3f}", f"{ms['rows']:.3f}",

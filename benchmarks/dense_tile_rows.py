@@ -21,9 +21,8 @@ sys.path.append(str(Path(__file__).resolve().parents[1]))
 
 from tecc.schedules import templates_dense  # noqa: E402
 
-import tecc  # noqa: E402
 from benchmarks import zoo  # noqa: E402
-from benchmarks.common import against_eager, host_line, write_table  # noqa: E402
+from benchmarks.common import against_eager, host_line, with_and_without, write_table  # noqa: E402
 from tecc.target import target_info  # noqa: E402
 
 MODELS = "bert,gpt2,vit,convnext,segformer,mobilevit,whisper_encoder"
@@ -58,9 +57,7 @@ def main() -> None:
         model, inputs = by_name[name].build()
         model = model.eval()
         print(f"== {name}", flush=True)
-        with without_limit():
-            full = tecc.compile(model, inputs)
-        limited = tecc.compile(model, inputs)
+        full, limited = with_and_without(model, inputs, without_limit)
         ms, err = against_eager(model, inputs, {"full": full, "limited": limited})
         rows.append([name, f"{ms['eager']:.3f}", f"{ms['full']:.3f}", f"{ms['limited']:.3f}",
                      f"{ms['full'] / ms['limited']:.3f}x", f"{err:.1e}"])

@@ -51,10 +51,11 @@ def _row_operand(arg: Expr, shape: tuple[int, ...]) -> Expr | None:
     return reshaped(arg, (shape[-1],))
 
 
-def _below(node: Call, rows: Expr, folded: Expr) -> Expr | None:
-    """`node`, an elementwise op of the N-d view `folded` of `rows`, computed on
-    `rows` instead; None where that would change what it computes."""
-    op = node.op
+def _below(node: Call, kids: tuple[Expr, ...], folded: Call) -> Expr | None:
+    """`node` with its new operands `kids`, an elementwise op of the N-d view `folded`
+    of 2-D rows, computed on the rows instead; None where that would change what it
+    computes."""
+    op, rows = node.op, folded.args[0]
     if not isinstance(op, str) or op in _AXIS_FREE_EXCLUDED:
         return None
     if get_op(op).pattern > Pattern.BROADCAST or tuple(node.shape) != tuple(folded.shape):
@@ -65,7 +66,7 @@ def _below(node: Call, rows: Expr, folded: Expr) -> Expr | None:
             return None
         attrs = attrs.with_(axis=-1)
     args: list[Expr] = []
-    for arg in node.args:
+    for arg in kids:
         if arg is folded:
             args.append(rows)
             continue
@@ -108,8 +109,7 @@ def fold_dense_rows(func: Function) -> Function:
         if folded is None:
             return None
         assert isinstance(folded, Call)
-        below = _below(Call(node.op, kids, node.attrs, span=node.span), folded.args[0],
-                       folded)
+        below = _below(node, kids, folded)
         if below is None:
             return None
         view = Call("reshape", (below,), {"newshape": tuple(node.shape)}, span=node.span)

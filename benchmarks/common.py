@@ -130,6 +130,10 @@ class CurveStore:
             runs[str(seed)]["wall_s"] = round(wall_s, 1)
         self.save()
 
+    def seeds(self, workload: str, tuner: str) -> list[int]:
+        """The seeds of the workload's stored curves by `tuner`."""
+        return sorted(int(seed) for seed in self.data.get(workload, {}).get(tuner, {}))
+
     def wall_s(self, workload: str, tuner: str, seed: int) -> float | None:
         """Seconds the run of a curve took, where it was stored."""
         return self.data.get(workload, {}).get(tuner, {}).get(str(seed), {}).get("wall_s")

@@ -102,15 +102,17 @@ def mean_gflops_at(curves: list[list[float]], flops: float, marks: list[int]) ->
                            for c in curves])) for m in marks]
 
 
-def table_rows(store: CurveStore, chosen: list[dict], trials: int, seeds: int,
-               marks: list[int]) -> list[list[str]]:
-    """Mean best GFLOP/s at each mark over the seeds the store holds at `trials`."""
+def table_rows(store: CurveStore, chosen: list[dict], trials: int, marks: list[int]
+               ) -> list[list[str]]:
+    """Mean best GFLOP/s at each mark over every seed the store holds at `trials` (a run
+    that adds one tuner's seed keeps the other rows' seeds in the table)."""
     rows = []
     for wl in chosen:
         name = wl["name"]
         torch_gflops = store.torch(name)
-        curves = {t: [c for seed in range(seeds)
-                      if (c := store.curve(name, t, seed, trials)) is not None]
+        seeds = {t: [seed for seed in store.seeds(name, t)
+                     if store.curve(name, t, seed, trials) is not None] for t in TUNERS}
+        curves = {t: [store.curve(name, t, seed, trials) for seed in seeds[t]]
                   for t in TUNERS}
         mean_at = {t: mean_gflops_at(cs, wl["flops"], marks) for t, cs in curves.items() if cs}
         reach = ""
@@ -119,7 +121,7 @@ def table_rows(store: CurveStore, chosen: list[dict], trials: int, seeds: int,
                           if g >= mean_at["random"][-1]), "not reached")
         for t, means in mean_at.items():
             ratio = f"{means[-1] / torch_gflops:.2f}" if torch_gflops else ""
-            walls = [w for seed in range(seeds) if (w := store.wall_s(name, t, seed))]
+            walls = [w for seed in seeds[t] if (w := store.wall_s(name, t, seed))]
             wall = f"{np.mean(walls):.0f}" if walls else "-"
             rows.append([name, t, str(len(curves[t]))] + [f"{g:.1f}" for g in means]
                         + [f"{torch_gflops:.1f}" if torch_gflops else "-", ratio, wall,
@@ -242,7 +244,7 @@ def main() -> None:
         ["workload", "tuner", "seeds"] + [f"@{m}" for m in marks]
         + ["torch", f"@{marks[-1]} / torch", "wall s", "xgb trials to random's best"],
         # every workload with stored curves: a run of a few (--only) keeps the others' rows
-        table_rows(store, every, args.trials, args.seeds, marks),
+        table_rows(store, every, args.trials, marks),
         [f"{'Device' if cuda else 'Host'}: {device}; batches of 32 for tecc's tuners (one "
          "runner" + ("; CUDA: warm L2, 3 calls a timing, as MetaSchedule's runner and "
                      "the cuBLAS/cuDNN reference (torch, TF32 off) are timed"

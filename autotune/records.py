@@ -23,11 +23,18 @@ machine and what it was timed with, never by CPU names (`target_relation`):
                 features LLVM gives its mcpu, tecc.target.TargetInfo.features) and
                 the same core count (CUDA: the same arch): applied as it is;
   "compatible"  the same vector width (TargetInfo.isa_level) and core count, other
-                features: applied where no exact record is;
-  "foreign"     another vector width or core count: never applied at compile time;
-                such records feed the retarget step (autotune.tune.retarget_tasks)
-                and transfer learning. A record whose mcpu LLVM does not know relates
-                only to an identical target JSON.
+                features (another CPU model, or the same chip under another LLVM
+                name): not applied at compile time either. A config is fast for the
+                code LLVM generates for its target and for the fallback of its day:
+                the emeraldrapids records, applied as they are on a host LLVM calls
+                rocketlake, ran ResNet-18 1.08x and MobileNetV2 1.03x slower than the
+                fallbacks, and retargeted there they did not
+                (benchmarks/results/retarget_rocketlake.md);
+  "foreign"     another vector width or core count: never applied at compile time.
+Compatible and foreign records feed the retarget step (autotune.tune.retarget_tasks:
+their best configs measured here against the fallback, a few minutes) and transfer
+learning. A record whose mcpu LLVM does not know relates only to an identical target
+JSON.
 Retargeting writes its measurements as a verification session whose name starts
 with RETARGET_SESSION ("retarget-..."), with the local target: a workload decided by
 such a session is reported "retargeted" at compile time; a later tuning run's own
@@ -323,7 +330,7 @@ def load_records(paths: str | os.PathLike | Sequence[str | os.PathLike],
     return records, total
 
 
-SOURCES = ("exact", "compatible", "retargeted", "fallback")
+SOURCES = ("exact", "retargeted", "fallback")
 
 
 @dataclass
@@ -385,13 +392,12 @@ def best_records(records: Iterable[Record]) -> list[Record]:
 
 class RecordDatabase:
     """The config to use per (workload, target), for compile time: from the latest
-    verification session when there is one, else the best single measurement; exact
-    targets first, then compatible ones (see target_relation); foreign records are
-    kept out."""
+    verification session when there is one, else the best single measurement; records
+    of the exact target only (compatible and foreign ones are retargeted first: see
+    target_relation)."""
 
     def __init__(self, records: Iterable[Record] = ()) -> None:
         self._exact: dict[tuple[str, str], list[Record]] = {}
-        self._compatible: dict[tuple[str, str], list[Record]] = {}
         self.count = 0
         for r in records:
             self.add(r)
@@ -409,13 +415,6 @@ class RecordDatabase:
         if not record.ok and record.verify is None:
             return  # a failed round still counts against its config in a session
         self._exact.setdefault((record.key, exact_target_key(record.target)), []).append(record)
-        self._compatible.setdefault((record.key, compatible_target_key(record.target)),
-                                    []).append(record)
-
-    def records_of(self, workload: dict[str, Any], target: dict[str, Any]) -> list[Record]:
-        """The records of `workload` that may serve `target` (exact or compatible)."""
-        return list(self._compatible.get((workload_key(workload),
-                                          compatible_target_key(target)), []))
 
     @staticmethod
     def _pick(records: Sequence[Record], wanted: Any = None
@@ -436,19 +435,16 @@ class RecordDatabase:
 
     def choose_where(self, workload: dict[str, Any], target: dict[str, Any],
                      wanted: Any) -> Choice | None:
-        """The config to use among those satisfying `wanted(config)` (exact target, then
-        compatible); None if no measured config does. For layout-aware choices: a
+        """The config to use among those satisfying `wanted(config)`, from the exact
+        target's records; None if no measured config does. For layout-aware choices: a
         config whose input layout matches the producer's avoids a transform; for the
         config space check: a config outside the template's space is never used."""
-        key = workload_key(workload)
-        for table, tkey, source in (
-                (self._exact, exact_target_key(target), "exact"),
-                (self._compatible, compatible_target_key(target), "compatible")):
-            picked = self._pick(table.get((key, tkey), []), wanted)
-            if picked is not None:
-                record, cost, retargeted = picked
-                return Choice(record.config, "retargeted" if retargeted else source, cost)
-        return None
+        picked = self._pick(self._exact.get((workload_key(workload), exact_target_key(target)),
+                                            []), wanted)
+        if picked is None:
+            return None
+        record, cost, retargeted = picked
+        return Choice(record.config, "retargeted" if retargeted else "exact", cost)
 
     def choose(self, workload: dict[str, Any], target: dict[str, Any]) -> Choice:
         return self.choose_where(workload, target, None) or Choice(None, "fallback")

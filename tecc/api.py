@@ -59,6 +59,8 @@ class CompiledModel:
         self.timings = timings
         self.plan = result.plan
         self.records_digest: str | None = None
+        # records given for other targets, not applied (TuningContext.unapplied_counts)
+        self.unapplied_records: dict[str, int] = {}
         self.cuda_graph = True  # a cuda model replays one CUDA graph per call
         # A cuda model builds without a GPU; its executor is made at the first call.
         self._executor = (None if target.is_gpu else
@@ -120,7 +122,7 @@ class CompiledModel:
     def tasks(self) -> list[dict]:
         """The model's tuning tasks, one per distinct workload: workload_key (canonical
         JSON), workload, template, anchor kind, space_size, the config used and its
-        source ("exact" / "compatible": a tuning record of this ISA, "retargeted": a
+        source ("exact": a tuning record of this target, "retargeted": a
         record measured here by a retarget run; "fallback": the template's heuristic;
         "generic": the template refused), and the kernels using it."""
         return task_table(self.build_result.kernels)
@@ -447,8 +449,10 @@ def compile(  # noqa: A001 - the natural name, as torch.compile
     opt_level 0 runs no graph optimization (one kernel per op); 3 runs them all.
     `print_after` names passes after which the IR is printed (as TECC_PRINT_AFTER).
     `records`: tuning records (a .jsonl path, a folder of them or a list, merged); each
-    workload gets its best record for this target (exact, else a compatible target),
-    else its template's fallback config; one warning lists the untuned workloads.
+    workload gets its best record measured for this exact target (the identical ISA
+    feature set and core count; CUDA: arch), else its template's fallback config; one
+    warning lists the untuned workloads and counts the records of other targets,
+    which `tecc.retarget` measures here.
     `cm.tasks()` tells what each workload got. `winograd=False` keeps every conv
     direct: Winograd's transformed 3x3 kernels are 1.8-4x the size of the originals
     (ResNet-18's package: 97 MB instead of 47 MB with the direct convs).
@@ -490,10 +494,10 @@ def compile_strict(model: torch.nn.Module | str | os.PathLike | ExportedProgram,
     compiled = CompiledModel(imported, partitioned, result, info, timings)
     compiled.passes = [name for name, _ in trace.ran]
     compiled.records_digest = tuning.digest
-    compiled.foreign_records = tuning.foreign_count
+    compiled.unapplied_records = tuning.unapplied_counts
     compiled.cuda_graph = cuda_graph
     if tuning.given:
         tuning.warn_outside_space()
         if warn_records:
-            warn_untuned(compiled.tasks(), tuning.foreign_count)
+            warn_untuned(compiled.tasks(), tuning.unapplied_counts)
     return compiled

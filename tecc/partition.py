@@ -511,7 +511,10 @@ def compile_with_fallback(model: torch.nn.Module | str | os.PathLike | ExportedP
             timings[key] = timings.get(key, 0.0) + value
     result = PartitionedModel(parts, compiled, failed, target_info(target), timings)
     if records and compiled:
-        warn_untuned(result.tasks(), sum(c.foreign_records for c in compiled))
+        unapplied: collections.Counter[str] = collections.Counter()
+        for c in compiled:
+            unapplied.update(c.unapplied_records)
+        warn_untuned(result.tasks(), unapplied)
     return result
 
 

@@ -3,9 +3,9 @@
 The driver (tecc/api.py) makes one TuningContext per compile. It answers the graph
 passes' tuning callbacks (graph_opt.pass_manager.TuningCallbacks, given to them in
 the PassContext by `callbacks()`) and the scheduler's with the record database
-(autotune.records: exact target > compatible target > the template's fallback;
-records of foreign targets are never applied, `tecc records retarget` turns them
-into local ones):
+(autotune.records: the exact target's records, else the template's fallback; records
+of compatible and foreign targets are never applied, `tecc records retarget` turns
+them into local ones):
   - winograd_tile(conv call, lanes) and conv_blocks(conv call, producer block, tile)
     for graph_opt's layout pass: Winograd or direct, and the channel blocks (ic_bn,
     oc_bn) of the layer's tuned config, or None (default choice);
@@ -15,7 +15,7 @@ into local ones):
   - dense_block(dense call, lanes) for graph_opt's pack_dense_weights: the packing
     block (tile_n) of the tuned config, else the dense template's fallback;
   - config(workload, space) for schedules.lower: the tuned config JSON and its source
-    ("exact", "compatible", "retargeted").
+    ("exact", "retargeted").
 A retarget run (autotune.tune.retarget_tasks) measures few configs per workload, so
 a conv may have no measured config that reads its producer's block, or only a slow
 one, where a full tuning has fast ones: LayoutChainPlan runs the layout pass as
@@ -35,7 +35,7 @@ from __future__ import annotations
 import hashlib
 import os
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +63,7 @@ from tecc.schedules.templates_dense import DENSE, DenseLikeTemplate, dense_pack_
 from tecc.target import TargetInfo, target_info
 
 # The sources of a config that come from a tuning record (CompiledModel.tasks()).
-TUNED_SOURCES = ("exact", "compatible", "retargeted")
+TUNED_SOURCES = ("exact", "retargeted")
 
 RecordsArg = str | os.PathLike | Sequence[str | os.PathLike] | None
 
@@ -242,10 +242,17 @@ class TuningContext:
         return choice.config, choice.source
 
     @property
-    def foreign_count(self) -> int:
-        """Records given whose target is foreign to this one (never applied)."""
-        return sum(target_relation(r.target, self.target_json) == "foreign"
-                   for r in self.records)
+    def unapplied_counts(self) -> dict[str, int]:
+        """Records given for this kind of target (llvm, cuda) that are not applied, by
+        how their target relates to this one: {"compatible": n, "foreign": m}."""
+        counts = {"compatible": 0, "foreign": 0}
+        for r in self.records:
+            if r.target.get("kind") != self.target_json.get("kind"):
+                continue  # a GPU's records say nothing of a CPU, and back
+            relation = target_relation(r.target, self.target_json)
+            if relation in counts:
+                counts[relation] += 1
+        return counts
 
     def warn_outside_space(self) -> None:
         """One warning for the records whose configs were skipped as outside their
@@ -254,7 +261,7 @@ class TuningContext:
             return
         skipped = [r for r in self.records
                    if (r.key, r.config_key) in self._outside
-                   and target_relation(r.target, self.target_json) != "foreign"]
+                   and target_relation(r.target, self.target_json) == "exact"]
         templates = sorted(set(self._outside.values()))
         warnings.warn(f"skipped {len(skipped)} tuning record(s) whose config is outside its "
                       f"template's config space (templates {', '.join(templates)}): a knob "
@@ -352,17 +359,25 @@ def task_table(kernels: dict) -> list[dict[str, Any]]:
     return list(table.values())
 
 
-def warn_untuned(tasks: list[dict[str, Any]], foreign_records: int = 0) -> None:
+def warn_untuned(tasks: list[dict[str, Any]],
+                 unapplied: Mapping[str, int] | None = None) -> None:
     """One warning listing the workloads without a tuning record (and how the others
-    got theirs); `foreign_records`: records of other targets given, not applied."""
+    got theirs); `unapplied`: records given for other targets, by relation
+    (TuningContext.unapplied_counts), which the hint points to retargeting."""
     untuned = [t for t in tasks if t["source"] not in TUNED_SOURCES]
     if not untuned:
         return
     tuned = ", ".join(f"{sum(t['source'] == s for t in tasks)} {s}" for s in TUNED_SOURCES)
     lines = "\n".join(f"  {t['template']}: {t['workload_key']}" for t in untuned)
-    hint = (f"; {foreign_records} record(s) of other vector widths or core counts were not "
-            "applied: `tecc records retarget FILES -o LOCAL --model MODEL` measures their "
-            "best configs here in a few minutes" if foreign_records else "")
+    unapplied = unapplied or {}
+    kinds = [f"{unapplied[relation]} record(s) {what}" for relation, what in (
+        ("compatible", "of another CPU model of this vector width and core count"),
+        ("foreign", "of other vector widths or core counts (GPUs: archs)"))
+        if unapplied.get(relation)]
+    hint = (f"; {' and '.join(kinds)} were not applied (a config is measured for the code "
+            "LLVM generates for its own target): `tecc records retarget FILES -o LOCAL "
+            "--model MODEL` measures their best configs here against the fallbacks in a "
+            "few minutes" if kinds else "")
     warnings.warn(f"{len(untuned)} of {len(tasks)} workload(s) have no tuning record for "
                   f"this target (fallback configs used; {tuned}){hint}:\n{lines}",
                   stacklevel=3)

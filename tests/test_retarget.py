@@ -1,5 +1,5 @@
-"""Retargeting: records of another machine (another vector width or core count) are
-never applied as they are; a retarget run measures their best configs that are valid
+"""Retargeting: records of another machine (another CPU model, vector width or core
+count) are never applied as they are; a retarget run measures their best configs that are valid
 here, and the fallback, and writes local records that compile reports "retargeted"
 and a later tuning run continues from."""
 
@@ -127,6 +127,47 @@ def test_retarget_measures_the_best_valid_foreign_configs_and_the_fallback(forei
     tuned = tecc.compile(model, inputs, records=[records])
     assert {t["source"] for t in tuned.tasks() if t["template"] != "injective"} == {"exact"}
     np.testing.assert_allclose(tuned(*inputs).numpy(), want, rtol=1e-4, atol=1e-4)
+
+
+# CPUs LLVM knows, for a target of this host's vector width with other features
+OTHER_CPUS = ("skylake-avx512", "icelake-server", "sapphirerapids", "znver4", "haswell",
+              "znver3", "alderlake", "skylake")
+
+
+def test_records_of_another_cpu_model_are_not_applied_and_retarget_takes_them(tmp_path):
+    """A compatible target (this vector width and core count, other ISA features): its
+    records are counted in the warning, which points to retarget, and retargeted they
+    apply."""
+    model, inputs = conv_example()
+    _, fused, _, _, info = fused_graph(model, inputs, "llvm", 3, None, None, {})
+    local = info.to_json()
+    other = next(t for cpu in OTHER_CPUS
+                 if target_relation(t := dict(local, mcpu=cpu), local) == "compatible")
+    path = tmp_path / "other_cpu.jsonl"
+    written = 0
+    with open(path, "w") as f:
+        for task in extract_tasks(fused, info.tvm_target):
+            fallback = task.fallback_config()
+            config = next(c for c in task.space if c.index != fallback.index)
+            f.write(json.dumps({"version": 1, "target": other, "workload": task.workload,
+                                "config": config.to_json(), "costs_s": [1e-6],
+                                "error": None, "timestamp": 1.0}) + "\n")
+            written += 1
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        untuned = tecc.compile(model, inputs, records=[path])
+    assert {t["source"] for t in untuned.tasks()} == {"fallback"}
+    assert untuned.unapplied_records == {"compatible": written, "foreign": 0}
+    message = next(str(w.message) for w in caught if "no tuning record" in str(w.message))
+    assert f"{written} record(s) of another CPU model" in message
+    assert "tecc records retarget" in message
+
+    records = tmp_path / "local.jsonl"
+    tecc.retarget(model, inputs, foreign=path, records=records, k=1, rounds=1, progress=False)
+    tuned = tecc.compile(model, inputs, records=[path, records])
+    assert {t["source"] for t in tuned.tasks() if t["template"] != "injective"} == {"retargeted"}
+    np.testing.assert_allclose(tuned(*inputs).numpy(), model(*inputs).detach().numpy(),
+                               rtol=1e-4, atol=1e-4)
 
 
 def test_retarget_without_foreign_records_says_what_it_needs(tmp_path):

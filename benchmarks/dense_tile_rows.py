@@ -2,9 +2,11 @@
 (schedules/templates_dense.TILE_ACCUMULATORS) against the tile the vector registers
 allow, per zoo model with dense layers: both builds in one process, interleaved
 rounds, torch eager as the reference. On a CPU without an entry both builds are the
-same: the script then says so and measures nothing.
+same: the script then says so and measures nothing, unless --accumulators gives a
+limit to try there (the question an entry answers).
 
     python benchmarks/dense_tile_rows.py [--models bert,gpt2] [--threads 2]
+        [--accumulators 16]
 """
 
 from __future__ import annotations
@@ -29,12 +31,15 @@ MODELS = "bert,gpt2,vit,convnext,segformer,mobilevit,whisper_encoder"
 
 
 @contextlib.contextmanager
-def without_limit() -> Iterator[None]:
+def accumulator_limits(limits: dict[str, int]) -> Iterator[None]:
+    """TILE_ACCUMULATORS replaced by `limits` while the block runs."""
     saved = dict(templates_dense.TILE_ACCUMULATORS)
     templates_dense.TILE_ACCUMULATORS.clear()
+    templates_dense.TILE_ACCUMULATORS.update(limits)
     try:
         yield
     finally:
+        templates_dense.TILE_ACCUMULATORS.clear()
         templates_dense.TILE_ACCUMULATORS.update(saved)
 
 
@@ -44,12 +49,16 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--output", default=None,
                         help="results name (default dense_tile_rows_<this CPU>)")
+    parser.add_argument("--accumulators", type=int, default=None,
+                        help="the limit to measure on this CPU (default: its entry in "
+                             "TILE_ACCUMULATORS)")
     args = parser.parse_args()
     cpu = target_info("llvm").cpu
-    limit = templates_dense.tile_accumulators(cpu)
+    limit = args.accumulators or templates_dense.tile_accumulators(cpu)
     if limit is None:
         raise SystemExit(f"this CPU ({cpu}) has no accumulator limit in "
-                         "templates_dense.TILE_ACCUMULATORS: both builds would be the same")
+                         "templates_dense.TILE_ACCUMULATORS: both builds would be the same "
+                         "(--accumulators N tries one)")
     torch.set_num_threads(args.threads)
     by_name = {m.name: m for m in zoo.ZOO}
     rows = []
@@ -57,7 +66,9 @@ def main() -> None:
         model, inputs = by_name[name].build()
         model = model.eval()
         print(f"== {name}", flush=True)
-        full, limited = with_and_without(model, inputs, without_limit)
+        with accumulator_limits({cpu: limit}):
+            full, limited = with_and_without(model, inputs,
+                                             lambda: accumulator_limits({}))
         ms, err = against_eager(model, inputs, {"full": full, "limited": limited})
         rows.append([name, f"{ms['eager']:.3f}", f"{ms['full']:.3f}", f"{ms['limited']:.3f}",
                      f"{ms['full'] / ms['limited']:.3f}x", f"{err:.1e}"])
@@ -72,7 +83,8 @@ def main() -> None:
         [f"Host: {host_line()}; {args.threads} threads. Untuned (fallback configs), batch 1, "
          "the zoo's models (benchmarks/zoo.py). Medians over 7 interleaved rounds, one "
          "process.",
-         "Command: `python benchmarks/dense_tile_rows.py`."],
+         "Command: `python benchmarks/dense_tile_rows.py"
+         + (f" --accumulators {args.accumulators}" if args.accumulators else "") + "`."],
     )
 
 

@@ -107,8 +107,10 @@ ROW_LOAD_SHARE = 0.5
 # halves: on 2 znver4 cores, 4 rows of 4 vectors (16 accumulators) beat 6 rows (24)
 # model by model, untuned (BERT 1.11x, GPT-2 1.08x, ConvNeXt 1.03x, Whisper's encoder
 # 1.02x, MobileViT 1.01x, ViT and SegFormer 1.00x, none slower;
-# benchmarks/results/dense_tile_rows_znver4.md). Other
-# CPUs (Intel's two full 512-bit FMA pipes among them) have not been measured so.
+# benchmarks/results/dense_tile_rows_znver4.md). On an AVX-512 Xeon (two full 512-bit
+# FMA pipes; LLVM calls the host rocketlake) the same limit is no rule: BERT 1.04x and
+# GPT-2 1.03x, but ViT 0.92x, ConvNeXt 0.97x, Whisper's encoder 0.90x
+# (benchmarks/results/dense_tile_rows_rocketlake.md), so Intel CPUs have no entry.
 TILE_ACCUMULATORS = {"znver4": 16}
 
 

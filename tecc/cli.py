@@ -136,9 +136,13 @@ def cmd_records(args: argparse.Namespace) -> int:
               f"{len(by_workload)} workload/target pairs")
         for tkey, tgt in sorted(targets.items()):
             n = sum(len(rs) for (_, t), rs in by_workload.items() if t == tkey)
+            relation = target_relation(tgt, host)
             print(f"target {canonical_json(tgt)} ({isa_family(tgt)}): {n} records, "
-                  f"{target_relation(tgt, host)} for {args.target} "
-                  f"({host.get('mcpu') or host.get('arch')}, {host.get('num-cores')} cores)")
+                  f"{relation} for {args.target} "
+                  f"({host.get('mcpu') or host.get('arch')}, {host.get('num-cores')} cores): "
+                  + ("applied by compile" if relation == "exact" else
+                     "not applied (another kind of target)" if tgt.get("kind") != host.get("kind")
+                     else "not applied; `tecc records retarget` measures them here"))
         for (key, tkey), rs in sorted(by_workload.items()):
             ok = [r for r in rs if r.ok]
             best = min((r.cost for r in ok), default=float("inf"))

@@ -184,6 +184,7 @@ def test_the_cli_retargets_compiles_and_shows_how_records_relate(foreign, tmp_pa
     assert main(["records", "show", str(path)]) == 0
     out = capsys.readouterr().out
     assert f"foreign for llvm ({target_info('llvm').cpu}" in out
+    assert "not applied; `tecc records retarget` measures them here" in out
 
     local = tmp_path / "local.jsonl"
     assert main(["records", "retarget", str(path), "-o", str(local), "--model", spec,

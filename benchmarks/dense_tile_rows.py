@@ -24,7 +24,7 @@ sys.path.append(str(Path(__file__).resolve().parents[1]))
 from tecc.schedules import templates_dense  # noqa: E402
 
 from benchmarks import zoo  # noqa: E402
-from benchmarks.common import against_eager, host_line, with_and_without, write_table  # noqa: E402
+from benchmarks.common import host_line, write_table  # noqa: E402
 from tecc.target import target_info  # noqa: E402
 
 MODELS = "bert,gpt2,vit,convnext,segformer,mobilevit,whisper_encoder"
@@ -60,19 +60,8 @@ def main() -> None:
                          "templates_dense.TILE_ACCUMULATORS: both builds would be the same "
                          "(--accumulators N tries one)")
     torch.set_num_threads(args.threads)
-    by_name = {m.name: m for m in zoo.ZOO}
-    rows = []
-    for name in args.models.split(","):
-        model, inputs = by_name[name].build()
-        model = model.eval()
-        print(f"== {name}", flush=True)
-        with accumulator_limits({cpu: limit}):
-            full, limited = with_and_without(model, inputs,
-                                             lambda: accumulator_limits({}))
-        ms, err = against_eager(model, inputs, {"full": full, "limited": limited})
-        rows.append([name, f"{ms['eager']:.3f}", f"{ms['full']:.3f}", f"{ms['limited']:.3f}",
-                     f"{ms['full'] / ms['limited']:.3f}x", f"{err:.1e}"])
-        print(rows[-1], flush=True)
+    with accumulator_limits({cpu: limit}):
+        rows = zoo.ab_rows(args.models, lambda: accumulator_limits({}))
     write_table(
         args.output or f"dense_tile_rows_{cpu}",
         f"Untuned dense register tiles: at most {limit} accumulators on {cpu} against the "

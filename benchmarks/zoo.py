@@ -27,6 +27,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -219,6 +220,26 @@ ZOO = [
     ZooModel("qwen2", "decoder", "hidden 256, 4 layers, GQA 4/2 heads, use_cache=False",
              _text("Qwen2Model", "Qwen2Config", 1000, use_cache=False, **SMALL_DECODER)),
 ]
+
+
+def ab_rows(names: str, without: Callable[[], Any]) -> list[list[str]]:
+    """Per zoo model of `names` (comma-separated): tecc untuned without a change (under
+    the context `without()`) and with it, against eager in one set of interleaved
+    rounds; rows of [model, eager ms, without ms, with ms, without / with, max rel err]."""
+    from benchmarks.common import against_eager, with_and_without
+
+    by_name = {m.name: m for m in ZOO}
+    rows = []
+    for name in names.split(","):
+        model, inputs = by_name[name].build()
+        model = model.eval()
+        print(f"== {name}", flush=True)
+        before, after = with_and_without(model, inputs, without)
+        ms, err = against_eager(model, inputs, {"before": before, "after": after})
+        rows.append([name, f"{ms['eager']:.3f}", f"{ms['before']:.3f}", f"{ms['after']:.3f}",
+                     f"{ms['before'] / ms['after']:.3f}x", f"{err:.1e}"])
+        print(rows[-1], flush=True)
+    return rows
 
 
 def plain(text: str) -> str:

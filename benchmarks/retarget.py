@@ -2,10 +2,9 @@
 speedup a retarget run of a few minutes recovers, for ResNet-18 and MobileNetV2.
 
 Per model, in one run: latency with no records (the fallback configs), with the
-full local records (--local; the column is skipped when the file is absent), with
-the foreign records (--foreign) as compile applies them when given directly, and
-with them retargeted here into a fresh temporary file (the retarget run timed);
-medians over interleaved rounds. "share of full tuning's
+full local records (--local; the column is skipped when the file is absent), and
+with the foreign records (--foreign) retargeted here into a fresh temporary file
+(the retarget run timed); medians over interleaved rounds. "share of full tuning's
 speedup" = (fallback / retargeted - 1) / (fallback / full - 1).
 
     python benchmarks/retarget.py [--models resnet18,mobilenet_v2]
@@ -89,7 +88,6 @@ def main() -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the untuned workloads are listed below
             compiled = {"fallback": tecc.compile(model, inputs),
-                        "as given": tecc.compile(model, inputs, records=args.foreign),
                         "retargeted": tecc.compile(model, inputs, records=records)}
             if have_local:
                 compiled["full"] = tecc.compile(model, inputs, records=args.local)
@@ -104,15 +102,13 @@ def main() -> None:
         fallback, retargeted = times["fallback"], times["retargeted"]
         full = times.get("full")
         rows.append([name, f"{fallback:.3f}", f"{full:.3f}" if full else "-",
-                     f"{times['as given']:.3f}", sources(compiled["as given"]),
                      f"{retargeted:.3f}", f"{retarget_s:.0f}",
                      f"{share(fallback, retargeted, full):.0%}" if full else "-",
                      sources(compiled["retargeted"])])
         print(rows[-1], flush=True)
     write_table(
         args.output, "Foreign records retargeted here: latency, CPU, batch 1 (median ms)",
-        ["model", "fallback ms", "full ms", "foreign as given ms", "their configs as given",
-         "retargeted ms", "retarget wall s",
+        ["model", "fallback ms", "full ms", "retargeted ms", "retarget wall s",
          "share of full tuning's speedup", "retargeted configs"],
         rows,
         [f"Host: {host_line()}; {args.threads} threads.",

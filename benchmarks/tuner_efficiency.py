@@ -110,10 +110,9 @@ def table_rows(store: CurveStore, chosen: list[dict], trials: int, marks: list[i
     for wl in chosen:
         name = wl["name"]
         torch_gflops = store.torch(name)
-        seeds = {t: [seed for seed in store.seeds(name, t)
-                     if store.curve(name, t, seed, trials) is not None] for t in TUNERS}
-        curves = {t: [store.curve(name, t, seed, trials) for seed in seeds[t]]
-                  for t in TUNERS}
+        held = {t: {seed: c for seed in store.seeds(name, t)
+                    if (c := store.curve(name, t, seed, trials)) is not None} for t in TUNERS}
+        curves = {t: list(by_seed.values()) for t, by_seed in held.items()}
         mean_at = {t: mean_gflops_at(cs, wl["flops"], marks) for t, cs in curves.items() if cs}
         reach = ""
         if "xgb" in mean_at and "random" in mean_at:
@@ -121,7 +120,7 @@ def table_rows(store: CurveStore, chosen: list[dict], trials: int, marks: list[i
                           if g >= mean_at["random"][-1]), "not reached")
         for t, means in mean_at.items():
             ratio = f"{means[-1] / torch_gflops:.2f}" if torch_gflops else ""
-            walls = [w for seed in seeds[t] if (w := store.wall_s(name, t, seed))]
+            walls = [w for seed in held[t] if (w := store.wall_s(name, t, seed))]
             wall = f"{np.mean(walls):.0f}" if walls else "-"
             rows.append([name, t, str(len(curves[t]))] + [f"{g:.1f}" for g in means]
                         + [f"{torch_gflops:.1f}" if torch_gflops else "-", ratio, wall,

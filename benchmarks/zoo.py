@@ -34,7 +34,14 @@ import torch
 sys.path.append(str(Path(__file__).resolve().parents[1]))
 
 import tecc  # noqa: E402
-from benchmarks.common import RESULTS, host_line, interleaved_ms, write_table  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    RESULTS,
+    against_eager,
+    host_line,
+    interleaved_ms,
+    with_and_without,
+    write_table,
+)
 from benchmarks.e2e_cpu import onnxruntime_session  # noqa: E402
 from tecc.target import target_info  # noqa: E402
 from tests.util import max_rel_error  # noqa: E402
@@ -226,8 +233,6 @@ def ab_rows(names: str, without: Callable[[], Any]) -> list[list[str]]:
     """Per zoo model of `names` (comma-separated): tecc untuned without a change (under
     the context `without()`) and with it, against eager in one set of interleaved
     rounds; rows of [model, eager ms, without ms, with ms, without / with, max rel err]."""
-    from benchmarks.common import against_eager, with_and_without
-
     by_name = {m.name: m for m in ZOO}
     rows = []
     for name in names.split(","):

@@ -499,5 +499,5 @@ def compile_strict(model: torch.nn.Module | str | os.PathLike | ExportedProgram,
     if tuning.given:
         tuning.warn_outside_space()
         if warn_records:
-            warn_untuned(compiled.tasks(), tuning.unapplied_counts)
+            warn_untuned(compiled.tasks(), compiled.unapplied_records)
     return compiled

@@ -4,7 +4,7 @@ is measured (a killed run loses nothing), and the choice of a config per workloa
 A line:
   {"version": 1, "target": {...}, "workload": {...}, "config": {...},
    "costs_s": [...], "error": null | "kind: message", "timestamp": ...,
-   "host": {"cpu": ..., "cores": ...}, "tecc": ..., "tvm": ...}
+   "host": {"cpu": ..., "cpu_id": ..., "cores": ...}, "tecc": ..., "tvm": ...}
 A line that does not parse, lacks a field or holds a cost that is not finite positive
 seconds is skipped; one warning counts them. A tuning run holds records_lock on its
 file.
@@ -31,6 +31,15 @@ machine and what it was timed with, never by CPU names (`target_relation`):
                 fallbacks, and retargeted there they did not
                 (benchmarks/results/retarget_rocketlake.md);
   "foreign"     another vector width or core count: never applied at compile time.
+A compatible record measured on this very chip (its host's cpu_id, the CPUID vendor,
+family, model and stepping, equals this host's, and the compile target is this host)
+is adopted: applied as exact (`adopt_same_chip`). It is the same hardware under
+another LLVM name, as after an LLVM that names the chip anew: the AVX2 records
+measured on an "AMD EPYC" for core-avx2, relabelled on a Zen 3 EPYC that LLVM calls
+znver3, ran 1.02-1.17x faster than the fallbacks, about as fast as retargeted
+(benchmarks/results/retarget_znver3.md), while the emeraldrapids records on another
+Xeon (above) were slower. Records written before cpu_id was recorded are never
+adopted.
 Compatible and foreign records feed the retarget step (autotune.tune.retarget_tasks:
 their best configs measured here against the fallback, a few minutes) and transfer
 learning. A record whose mcpu LLVM does not know relates only to an identical target
@@ -44,6 +53,7 @@ session, being later, then decides instead.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import functools
 import json
@@ -134,10 +144,36 @@ def _target_keys(target_json: str) -> tuple[str, str, str, int]:
 
 
 def host_info() -> dict[str, Any]:
-    """Where a record was measured (provenance only: matching goes by the target)."""
+    """Where a record was measured: provenance, and the chip for adopt_same_chip
+    (matching goes by the target otherwise)."""
     from tecc.runtime import cpu
 
-    return {"cpu": cpu.host_cpu_model(), "cores": cpu.host_cores()}
+    info: dict[str, Any] = {"cpu": cpu.host_cpu_model(), "cores": cpu.host_cores()}
+    chip = cpu.host_cpu_id()
+    if chip:
+        info["cpu_id"] = chip
+    return info
+
+
+def measured_on_chip(record: Record, cpu_id: str | None) -> bool:
+    """Whether `record` was measured on the chip `cpu_id` names (None: unknown)."""
+    return bool(cpu_id) and (record.host or {}).get("cpu_id") == cpu_id
+
+
+def adopt_same_chip(records: Sequence[Record], target: dict[str, Any],
+                    cpu_id: str | None) -> tuple[list[Record], int]:
+    """`records` with those compatible with `target` (this host's) and measured on
+    this chip (`cpu_id`) relabelled with `target`, so that they apply as exact (see
+    the module docstring); and how many were."""
+    adopted = 0
+    out: list[Record] = []
+    for r in records:
+        if (measured_on_chip(r, cpu_id) and r.target.get("kind") == target.get("kind")
+                and target_relation(r.target, target) == "compatible"):
+            r = dataclasses.replace(r, target=dict(target))
+            adopted += 1
+        out.append(r)
+    return out, adopted
 
 
 class Timed:

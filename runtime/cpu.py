@@ -95,6 +95,41 @@ def host_cpuinfo_flags() -> frozenset[str] | None:
     return None
 
 
+# The /proc/cpuinfo fields that name a chip: x86's CPUID vendor, family, model and
+# stepping; Arm's implementer, part and variant.
+_CHIP_FIELDS = {"x86": ("vendor_id", "cpu family", "model", "stepping"),
+                "arm": ("CPU implementer", "CPU part", "CPU variant", "CPU revision")}
+
+
+@functools.cache
+def host_cpu_id() -> str | None:
+    """This host's chip as its CPUID (Arm: its MIDR) names it, e.g. "AuthenticAMD
+    25-1-1": the same for every machine of one chip model and stepping (as a virtual
+    machine presents it), whatever LLVM calls it; None where it cannot be read."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return chip_of_cpuinfo(f.read())
+    except OSError:
+        return None
+
+
+def chip_of_cpuinfo(text: str) -> str | None:
+    """The chip that /proc/cpuinfo's `text` names (its first processor's block)."""
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            if fields:
+                break
+            continue
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    for names in _CHIP_FIELDS.values():
+        if all(fields.get(n) for n in names):
+            first, *rest = (fields[n] for n in names)
+            return f"{first} {'-'.join(rest)}"
+    return None
+
+
 @functools.cache
 def host_cpu_model() -> str:
     """The host CPU's marketing name, for records' provenance only."""

@@ -112,9 +112,11 @@ def cmd_records(args: argparse.Namespace) -> int:
         exact_target_key,
         isa_family,
         load_records,
+        measured_on_chip,
         target_relation,
     )
     from tecc.canonical import canonical_json
+    from tecc.runtime import cpu
 
     if args.action == "retarget":
         if not args.model or not args.output:
@@ -125,7 +127,9 @@ def cmd_records(args: argparse.Namespace) -> int:
     if args.action == "show":
         from tecc.target import target_info
 
-        host = target_info(args.target).to_json()
+        host_info = target_info(args.target)
+        host = host_info.to_json()
+        chip = cpu.host_cpu_id() if host_info.is_host else None
         by_workload: dict[tuple[str, str], list] = {}
         targets: dict[str, dict] = {}
         for r in records:
@@ -137,12 +141,17 @@ def cmd_records(args: argparse.Namespace) -> int:
         for tkey, tgt in sorted(targets.items()):
             n = sum(len(rs) for (_, t), rs in by_workload.items() if t == tkey)
             relation = target_relation(tgt, host)
+            same_chip = sum(measured_on_chip(r, chip) for (_, t), rs in by_workload.items()
+                            if t == tkey for r in rs) if relation == "compatible" else 0
             print(f"target {canonical_json(tgt)} ({isa_family(tgt)}): {n} records, "
                   f"{relation} for {args.target} "
                   f"({host.get('mcpu') or host.get('arch')}, {host.get('num-cores')} cores): "
                   + ("applied by compile" if relation == "exact" else
                      "not applied (another kind of target)" if tgt.get("kind") != host.get("kind")
-                     else "not applied; `tecc records retarget` measures them here"))
+                     else f"{same_chip} measured on this chip ({chip}): applied by compile; "
+                          f"the other {n - same_chip}: `tecc records retarget` measures "
+                          "them here" if same_chip else
+                     "not applied; `tecc records retarget` measures them here"))
         for (key, tkey), rs in sorted(by_workload.items()):
             ok = [r for r in rs if r.ok]
             best = min((r.cost for r in ok), default=float("inf"))

@@ -44,6 +44,7 @@ import tvm
 from tecc.autotune.records import (
     Choice,
     RecordDatabase,
+    adopt_same_chip,
     load_records,
     record_files,
     target_relation,
@@ -55,6 +56,7 @@ from tecc.graph_opt.layout import WINOGRAD_DEFAULT_TILE, default_winograd_tile, 
 from tecc.graph_opt.pass_manager import PassContext, TuningCallbacks
 from tecc.graph_opt.pipeline import optimize
 from tecc.graph_opt.winograd import GPU_WINOGRAD_TILE, default_gpu_winograd_tile, winograd_conv
+from tecc.runtime import cpu
 from tecc.schedules.space import ConfigSpace
 from tecc.schedules.tasks import CONV_TEMPLATES
 from tecc.schedules.template import templates_for
@@ -97,6 +99,11 @@ class TuningContext:
         self.target_json = self.target.to_json()
         self.lanes = self.target.vector_lanes() if self.target.is_cpu else 0
         self.records = load_records(records, warn=True)[0] if records else []
+        # records of this very chip under another LLVM name apply as exact
+        self.adopted = 0
+        if self.target.is_host:
+            self.records, self.adopted = adopt_same_chip(self.records, self.target_json,
+                                                         cpu.host_cpu_id())
         self.db = RecordDatabase(self.records)
         self._spaces: dict[str, list[ConfigSpace] | None] = {}
         self._outside: dict[tuple[str, str], str] = {}  # (workload, config) -> template

@@ -272,3 +272,15 @@ def test_a_retarget_session_is_reported_until_a_later_session_decides():
     db = RecordDatabase([*retarget, *_session("2", 20.0, {8: [1e-3] * 3, 16: [0.9e-3] * 3})])
     choice = db.choose(DENSE, AVX2)
     assert choice.source == "exact" and choice.config == {"tile": 16}
+
+
+def test_the_chip_is_read_from_cpuinfo_on_x86_and_arm():
+    from tecc.runtime.cpu import chip_of_cpuinfo
+
+    x86 = ("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 1\n"
+           "model name\t: AMD EPYC\nstepping\t: 1\n\nprocessor\t: 1\nvendor_id\t: Other\n")
+    assert chip_of_cpuinfo(x86) == "AuthenticAMD 25-1-1"
+    arm = ("processor\t: 0\nBogoMIPS\t: 2000.00\nCPU implementer\t: 0x41\n"
+           "CPU architecture: 8\nCPU variant\t: 0x1\nCPU part\t: 0xd0c\nCPU revision\t: 1\n")
+    assert chip_of_cpuinfo(arm) == "0x41 0xd0c-0x1-1"
+    assert chip_of_cpuinfo("processor\t: 0\nmodel name\t: QEMU\n") is None

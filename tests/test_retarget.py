@@ -12,10 +12,12 @@ import pytest
 import torch
 from tecc.autotune.records import (
     RETARGET_SESSION,
+    host_info,
     load_records,
     target_relation,
     workload_key,
 )
+from tecc.runtime import cpu
 from tecc.schedules.tasks import extract_tasks
 
 import tecc
@@ -168,6 +170,49 @@ def test_records_of_another_cpu_model_are_not_applied_and_retarget_takes_them(tm
     assert {t["source"] for t in tuned.tasks() if t["template"] != "injective"} == {"retargeted"}
     np.testing.assert_allclose(tuned(*inputs).numpy(), model(*inputs).detach().numpy(),
                                rtol=1e-4, atol=1e-4)
+
+
+def test_records_of_this_chip_under_another_cpu_name_apply_as_exact(tmp_path, capsys):
+    """A compatible record measured on this very chip (its host's cpu_id is this
+    host's: the same hardware that LLVM named otherwise) applies as exact, its config
+    used; one of another chip, or of none recorded, does not."""
+    model, inputs = conv_example()
+    _, fused, _, _, info = fused_graph(model, inputs, "llvm", 3, None, None, {})
+    local = info.to_json()
+    other = next(t for cpu_name in OTHER_CPUS
+                 if target_relation(t := dict(local, mcpu=cpu_name), local) == "compatible")
+    chip = cpu.host_cpu_id()
+    assert chip and host_info()["cpu_id"] == chip  # Linux: /proc/cpuinfo names the chip
+    picked = {}
+    for host, expected in (({"cpu": "x", "cores": info.cores, "cpu_id": chip}, "exact"),
+                           ({"cpu": "x", "cores": info.cores, "cpu_id": "GenuineIntel 6-1-0"},
+                            "fallback"),
+                           ({"cpu": "x", "cores": info.cores}, "fallback")):
+        path = tmp_path / f"{expected}_{len(host)}.jsonl"
+        with open(path, "w") as f:
+            for task in extract_tasks(fused, info.tvm_target):
+                fallback = task.fallback_config()
+                config = [c for c in task.space if c.index != fallback.index][-1].to_json()
+                picked[workload_key(task.workload)] = config
+                f.write(json.dumps({"version": 1, "target": other, "workload": task.workload,
+                                    "config": config, "costs_s": [1e-6], "error": None,
+                                    "timestamp": 1.0, "host": host}) + "\n")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            cm = tecc.compile(model, inputs, records=[path])
+        tuned = [t for t in cm.tasks() if t["workload_key"] in picked]
+        assert tuned and {t["source"] for t in tuned} == {expected}, host
+        if expected == "exact":
+            assert all(t["config"] == picked[t["workload_key"]] for t in tuned)
+            assert cm.unapplied_records == {"compatible": 0, "foreign": 0}
+            x = torch.randn_like(inputs[0])
+            np.testing.assert_allclose(cm(x).numpy(), model(x).detach().numpy(),
+                                       rtol=1e-4, atol=1e-4)
+            assert main(["records", "show", str(path)]) == 0
+            assert f"{len(tuned)} measured on this chip ({chip}): applied by compile" in \
+                capsys.readouterr().out
+        else:
+            assert cm.unapplied_records["compatible"] == len(tuned)
 
 
 def test_retarget_without_foreign_records_says_what_it_needs(tmp_path):

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import platform
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +65,7 @@ def with_and_without(model: Any, inputs: tuple,
     return before, tecc.compile(model, inputs)
 
 
-def against_eager(model: Any, inputs: tuple, builds: dict[str, Any]
+def against_eager(model: Any, inputs: tuple, builds: dict[str, Any], rounds: int = 7
                   ) -> tuple[dict[str, float], float]:
     """Median ms of torch eager ("eager") and of each tecc build of `model` (called
     with numpy arrays), in one set of interleaved rounds, and the largest relative
@@ -80,7 +81,41 @@ def against_eager(model: Any, inputs: tuple, builds: dict[str, Any]
     fns: dict[str, Callable[[], object]] = {"eager": lambda: model(*inputs)}
     fns.update({name: (lambda b=b: b(*arrays)) for name, b in builds.items()})
     with torch.no_grad():
-        return interleaved_ms(fns), err
+        return interleaved_ms(fns, rounds=rounds), err
+
+
+def sources(cm: Any) -> str:
+    """How a compiled model's workloads got their configs, e.g. "12 retargeted, 4
+    fallback" (CompiledModel.tasks' sources)."""
+    counts: dict[str, int] = {}
+    for t in cm.tasks():
+        counts[t["source"]] = counts.get(t["source"], 0) + 1
+    return ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+
+
+EXAMPLE_MODELS = "mlp,resnet18,mobilenet_v2,transformer_layer,bert"
+
+
+def add_model_args(parser: argparse.ArgumentParser, output: str,
+                   models: str = EXAMPLE_MODELS) -> None:
+    """--models (the example models, comma-separated), --threads and --output."""
+    parser.add_argument("--models", default=models)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--output", default=output)
+
+
+def example_model_runs(args: argparse.Namespace) -> Iterator[tuple[str, Any, tuple]]:
+    """(name, model, inputs) of each example model of args.models at batch 1, torch
+    on args.threads threads, each announced as it starts."""
+    import torch
+
+    from tests.models import example_models
+
+    torch.set_num_threads(args.threads)
+    models = example_models(batch=1)
+    for name in args.models.split(","):
+        print(f"== {name}", flush=True)
+        yield (name, *models[name])
 
 
 def host_line() -> str:

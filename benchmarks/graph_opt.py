@@ -16,8 +16,13 @@ import torch
 sys.path.append(str(Path(__file__).resolve().parents[1]))
 
 import tecc  # noqa: E402
-from benchmarks.common import host_line, interleaved_ms, write_table  # noqa: E402
-from tests.models import example_models  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    add_model_args,
+    example_model_runs,
+    host_line,
+    interleaved_ms,
+    write_table,
+)
 from tests.util import max_rel_error  # noqa: E402
 
 
@@ -27,16 +32,10 @@ def mib(n: int) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--models", default="mlp,resnet18,mobilenet_v2,transformer_layer,bert")
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--output", default="graph_opt")
+    add_model_args(parser, "graph_opt")
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    models = example_models(batch=1)
     rows = []
-    for name in args.models.split(","):
-        model, inputs = models[name]
-        print(f"== {name}", flush=True)
+    for name, model, inputs in example_model_runs(args):
         with torch.no_grad():
             expected = model(*inputs)
         np_inputs = [x.numpy() for x in inputs]

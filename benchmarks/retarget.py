@@ -34,21 +34,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tecc.autotune.records import RETARGET_BUDGET_S, RETARGET_K  # noqa: E402
 
 import tecc  # noqa: E402
-from benchmarks.common import host_line, interleaved_ms, write_table  # noqa: E402
+from benchmarks.common import host_line, interleaved_ms, sources, write_table  # noqa: E402
 from tecc.target import resolve_target, target_to_json  # noqa: E402
 from tests.models import example_models  # noqa: E402
 from tests.util import max_rel_error  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def sources(cm) -> str:
-    """How the compiled model's workloads got their configs, e.g. "12 retargeted, 4
-    fallback"."""
-    counts: dict[str, int] = {}
-    for t in cm.tasks():
-        counts[t["source"]] = counts.get(t["source"], 0) + 1
-    return ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
 
 
 def share(fallback_ms: float, tuned_ms: float, full_ms: float) -> float:

@@ -69,10 +69,11 @@ TUNED_SOURCES = ("exact", "retargeted")
 
 RecordsArg = str | os.PathLike | Sequence[str | os.PathLike] | None
 
-# An NCHW tensor into a few-channel block (the RGB input into NCHW3c): bytes read and
-# written per second, measured alone on a 2-core AVX2 CPU (benchmarks/
-# layout_transform.py: 3x224x224 in 74.5 us; 93 us inside MobileNetV2)
-NCHW_TO_BLOCKS_BYTES_PER_S = 16e9
+# A layout_transform's bytes read and written per second, as measured for an NCHW
+# tensor into a few-channel block (the RGB input into NCHW3c) alone on a 2-core AVX2
+# CPU (benchmarks/layout_transform.py: 3x224x224 in 74.5 us; 93 us inside
+# MobileNetV2); taken for a transform between channel blocks too
+LAYOUT_TRANSFORM_BYTES_PER_S = 16e9
 
 
 def gpu_winograd_workloads(call: Call, info: TargetInfo, tile: int) -> list[dict[str, Any]]:
@@ -205,13 +206,13 @@ class TuningContext:
         if choice.config is not None and producer_block is None and not depthwise:
             choice = self._in_place_or(choice, wl, data)
         if choice.config is not None and producer_block is not None:
-            # Prefer the best measured config that reads the producer's block as is:
-            # a layout transform between two layers costs more than a few percent of
-            # kernel speed (the tuner measures kernels, not the transforms).
+            # Prefer the best measured config that reads the producer's block as is,
+            # unless slower by more than the layout transform it saves (the tuner
+            # measures kernels, not the transforms between them), as for the input.
             key = self._reads_key(wl)
             matching = self.choose_where(wl, lambda c: c.get(key) == producer_block)
             if matching is not None:
-                choice = matching
+                choice = self._reading_as_is_or(choice, matching, data)
         return wl, choice
 
     @staticmethod
@@ -224,10 +225,19 @@ class TuningContext:
         at a time (ic_bn 1; NCHW1c is NCHW's bytes) needs no layout_transform before
         the layer, so it wins unless slower by more than that transform costs."""
         in_place = self.choose_where(wl, lambda c: c.get("ic_bn") == 1)
-        if in_place is None or in_place.config == choice.config or choice.cost_s is None:
+        if in_place is None:
             return choice
-        transform_s = 2 * data.ty.nbytes / NCHW_TO_BLOCKS_BYTES_PER_S
-        return in_place if in_place.cost_s <= choice.cost_s + transform_s else choice
+        return self._reading_as_is_or(choice, in_place, data)
+
+    @staticmethod
+    def _reading_as_is_or(best: Choice, as_is: Choice, data: Any) -> Choice:
+        """`as_is` (a config reading `data` in the layout it lies in) unless slower than
+        `best` by more than the layout_transform of `data` that `best` needs costs
+        (read and written once)."""
+        if as_is.config == best.config or best.cost_s is None or as_is.cost_s is None:
+            return as_is
+        transform_s = 2 * data.ty.nbytes / LAYOUT_TRANSFORM_BYTES_PER_S
+        return as_is if as_is.cost_s <= best.cost_s + transform_s else best
 
     def dense_block(self, call: Call, lanes: int) -> int | None:
         wl = DENSE.workload(call, "dense")

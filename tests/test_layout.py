@@ -500,3 +500,40 @@ def test_input_conv_reads_in_place_unless_much_slower(tmp_path, in_place_extra_s
     new = convert(func, conv_blocks=tuning.conv_blocks)
     transforms = [t.attrs["dst_layout"] for t in calls(new, "layout_transform")]
     assert transforms == (["NCHW"] if in_place_wins else ["NCHW3c", "NCHW"])
+
+
+@pytest.mark.parametrize("as_is_extra_s, as_is_wins", [(40e-6, True), (400e-6, False)])
+def test_conv_reads_its_producers_block_unless_much_slower(tmp_path, as_is_extra_s,
+                                                          as_is_wins):
+    # Two convs of one workload on 64x28x28: the first reads the input in 8-channel
+    # blocks and writes 16-channel ones. The second reads those as they are (ic_bn 16)
+    # while that config is slower than the best (ic_bn 8) by less than the transform
+    # from 16 to 8 channels costs (2 x 200 KB: about 25 us), else it gets its best
+    # config and a layout_transform before it; either way it computes the same.
+    from tecc.autotune.records import Record, RecordWriter
+    from tecc.schedules.templates_conv import CONV2D, conv_workload
+
+    from tecc.target import target_to_json
+    from tecc.tuning import TuningContext
+
+    x = Var("x", TensorType((1, 64, 28, 28), "float32"))
+    first = conv(x, 64, 5)
+    second = Call("nn.conv2d", [Call("relu", [first]), const((64, 64, 3, 3), 6)],
+                  {"strides": (1, 1), "padding": (1, 1, 1, 1), "groups": 1})
+    func = Function([x], Call("relu", [second]))
+    wl = conv_workload(CONV2D.name, second)
+    assert wl == conv_workload(CONV2D.name, first)
+    base = {"oc_bn": 16, "tile_ow": 4, "tile_oh": 2, "unroll_kw": True,
+            "reduce_order": "kh_kw_icc"}
+    path = tmp_path / "convs.jsonl"
+    with RecordWriter(path, "test", "test") as writer:
+        for ic_bn, cost in ((8, 10e-6), (16, 10e-6 + as_is_extra_s / 10)):
+            writer.write(Record(target_to_json(TARGET), wl, dict(base, ic_bn=ic_bn),
+                                [cost, cost], None))
+    tuning = TuningContext(path, TARGET, winograd=False)  # both convs direct
+    assert tuning.conv_blocks(second, 16) == ((16, 16) if as_is_wins else (8, 16))
+    new = convert(func, conv_blocks=tuning.conv_blocks, winograd_tile=tuning.winograd_tile)
+    transforms = [t.attrs["dst_layout"] for t in calls(new, "layout_transform")]
+    assert transforms == (["NCHW8c", "NCHW"] if as_is_wins else ["NCHW8c", "NCHW8c", "NCHW"])
+    inputs = [rand((1, 64, 28, 28), 7)]
+    np.testing.assert_allclose(run(new, inputs), run(func, inputs), rtol=1e-4, atol=1e-4)

@@ -543,7 +543,8 @@ class _SameConvTwice(torch.nn.Module):
 
 
 def test_one_workload_after_producers_of_different_blocks(tmp_path):
-    """Each kernel of a repeated workload gets the record that fits its input block."""
+    """Each kernel of a repeated workload gets the record that fits its input block
+    (where it is not slower than the best by more than a transform costs)."""
     torch.manual_seed(0)
     model = _SameConvTwice().eval()
     x = torch.randn(1, 3, 12, 12)
@@ -551,8 +552,10 @@ def test_one_workload_after_producers_of_different_blocks(tmp_path):
     target = target_to_json(cm.target)
     stem, conv = sorted((t for t in cm.tasks() if t["template"] == "conv2d_NCHWc"),
                         key=lambda t: t["workload"]["data"][1])
+    # c1 reads the stem's 8-blocks with a config slower than the best by less than the
+    # transform into 16-blocks costs (16 x 12 x 12 floats: about 1.2 us)
     lines = [(stem, {"ic_bn": 1, "oc_bn": 8}, 1e-3),        # the stem emits 8-blocks
-             (conv, {"ic_bn": 8, "oc_bn": 16}, 2e-3),       # c1 reads them, emits 16
+             (conv, {"ic_bn": 8, "oc_bn": 16}, 1.0005e-3),  # c1 reads them, emits 16
              (conv, {"ic_bn": 16, "oc_bn": 16}, 1e-3)]      # c2 reads 16-blocks
     # the layout transforms around the convs: their fallback configs, recorded
     lines += [(t, {}, 1e-3) for t in cm.tasks() if t["template"] == "injective"]

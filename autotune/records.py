@@ -160,20 +160,18 @@ def measured_on_chip(record: Record, cpu_id: str | None) -> bool:
     return bool(cpu_id) and (record.host or {}).get("cpu_id") == cpu_id
 
 
-def adopt_same_chip(records: Sequence[Record], target: dict[str, Any],
-                    cpu_id: str | None) -> tuple[list[Record], int]:
-    """`records` with those compatible with `target` (this host's) and measured on
-    this chip (`cpu_id`) relabelled with `target`, so that they apply as exact (see
-    the module docstring); and how many were."""
-    adopted = 0
-    out: list[Record] = []
-    for r in records:
-        if (measured_on_chip(r, cpu_id) and r.target.get("kind") == target.get("kind")
-                and target_relation(r.target, target) == "compatible"):
-            r = dataclasses.replace(r, target=dict(target))
-            adopted += 1
-        out.append(r)
-    return out, adopted
+def adopt_same_chip(records: Sequence[Record], target: Any) -> list[Record]:
+    """`records` with those compatible with `target` (a TargetInfo) and measured on
+    this host's chip relabelled with its target, so that they apply as exact (see the
+    module docstring); unchanged unless `target` is this host."""
+    if not target.is_host:
+        return list(records)
+    from tecc.runtime import cpu
+
+    chip, target_json = cpu.host_cpu_id(), target.to_json()
+    return [dataclasses.replace(r, target=dict(target_json))
+            if measured_on_chip(r, chip) and target_relation(r.target, target_json) == "compatible"
+            else r for r in records]
 
 
 class Timed:

@@ -47,7 +47,6 @@ from tecc.autotune.records import (
 from tecc.autotune.runner import LocalRunner, Runner
 from tecc.autotune.transfer import TransferSource
 from tecc.autotune.tuner import Tuner, make_tuner
-from tecc.runtime import cpu
 from tecc.schedules.space import Config
 from tqdm import tqdm
 
@@ -218,10 +217,9 @@ def _tune_locked(tasks: Sequence[Any], weights: Sequence[int], path: Path, trial
                  alternatives: Sequence[Sequence[Sequence[int]]]) -> list[TaskState]:
     """tune_tasks with the records file locked."""
     target = tasks[0].target
-    earlier = load_records(path)[0] if path.exists() else []
-    if target_info(tasks[0].tvm_target).is_host:
-        # this chip's records under another LLVM name continue as this target's
-        earlier = adopt_same_chip(earlier, target, cpu.host_cpu_id())[0]
+    # this chip's records under another LLVM name continue as this target's
+    earlier = adopt_same_chip(load_records(path)[0] if path.exists() else [],
+                              target_info(tasks[0].tvm_target))
     states = [TaskState(t, w, make_tuner(tuner, t, seed), estimate_flops(t))
               for t, w in zip(tasks, weights, strict=True)]
     link_alternatives(states, alternatives)

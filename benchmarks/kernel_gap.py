@@ -12,7 +12,6 @@ gain that the model does not see shows where it is lost.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import warnings
 from collections import defaultdict
@@ -23,29 +22,18 @@ import torch
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))
 
-from tecc.autotune.records import load_records  # noqa: E402
 
 import tecc  # noqa: E402
 from benchmarks.common import host_line, write_table  # noqa: E402
-from tecc.canonical import canonical_json  # noqa: E402
+from tecc.tuning import TuningContext  # noqa: E402
 from tests.models import example_models  # noqa: E402
 
 
-def isolated_ms(records: list, key: str) -> dict[str, float]:
-    """Ms per config (canonical JSON) of workload `key` in its latest verification
-    session, as compile ranks them: the median over the rounds of each round's median
-    (a round that ran slow for every config, as a session's first can, counts once)."""
-    sessions: dict[str, list] = defaultdict(list)
-    for r in records:
-        if r.key == key and r.verify and r.ok:
-            sessions[r.verify].append(r)
-    if not sessions:
-        return {}
-    latest = max(sessions.values(), key=lambda rs: max(r.timestamp for r in rs))
-    costs: dict[str, list[float]] = defaultdict(list)
-    for r in latest:
-        costs[r.config_key].append(r.cost)
-    return {c: statistics.median(v) * 1e3 for c, v in costs.items()}
+def isolated_ms(tuning: TuningContext, workload: dict, config: dict) -> float | None:
+    """Ms of `config` for `workload` as compile ranks it (RecordDatabase: its latest
+    verification session's median over rounds), None where it was not measured."""
+    choice = tuning.db.choose_where(workload, tuning.target_json, lambda c: c == config)
+    return choice.cost_s * 1e3 if choice is not None else None
 
 
 def in_model_ms(builds: dict, inputs: list, rounds: int) -> dict[str, dict[str, float]]:
@@ -79,7 +67,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     model, inputs = example_models(batch=1)[args.model]
-    records, _ = load_records(args.records)
+    tuning = TuningContext(args.records, "llvm")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         builds = {"untuned": tecc.compile(model, inputs),
@@ -94,9 +82,8 @@ def main() -> None:
         fallback = untuned_tasks.get(key)
         if fallback is None:
             continue
-        alone = isolated_ms(records, key)
-        alone_fb = alone.get(canonical_json(fallback["config"]))
-        alone_tuned = alone.get(canonical_json(task["config"]))
+        alone_fb = isolated_ms(tuning, task["workload"], fallback["config"])
+        alone_tuned = isolated_ms(tuning, task["workload"], task["config"])
         model_fb = sum(times["untuned"].get(k, 0.0) for k in fallback["kernels"])
         model_tuned = sum(times["tuned"].get(k, 0.0) for k in task["kernels"])
         seen["untuned"].update(fallback["kernels"])

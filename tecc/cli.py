@@ -141,17 +141,20 @@ def cmd_records(args: argparse.Namespace) -> int:
         for tkey, tgt in sorted(targets.items()):
             n = sum(len(rs) for (_, t), rs in by_workload.items() if t == tkey)
             relation = target_relation(tgt, host)
-            same_chip = sum(measured_on_chip(r, chip) for (_, t), rs in by_workload.items()
-                            if t == tkey for r in rs) if relation == "compatible" else 0
+            if relation == "exact":
+                verdict = "applied by compile"
+            elif tgt.get("kind") != host.get("kind"):
+                verdict = "not applied (another kind of target)"
+            else:
+                same_chip = sum(measured_on_chip(r, chip) for (_, t), rs in by_workload.items()
+                                if t == tkey for r in rs) if relation == "compatible" else 0
+                verdict = ((f"{same_chip} measured on this chip ({chip}): applied by compile; "
+                            f"the other {n - same_chip}: ") if same_chip else "not applied; ") \
+                    + "`tecc records retarget` measures them here"
             print(f"target {canonical_json(tgt)} ({isa_family(tgt)}): {n} records, "
                   f"{relation} for {args.target} "
                   f"({host.get('mcpu') or host.get('arch')}, {host.get('num-cores')} cores): "
-                  + ("applied by compile" if relation == "exact" else
-                     "not applied (another kind of target)" if tgt.get("kind") != host.get("kind")
-                     else f"{same_chip} measured on this chip ({chip}): applied by compile; "
-                          f"the other {n - same_chip}: `tecc records retarget` measures "
-                          "them here" if same_chip else
-                     "not applied; `tecc records retarget` measures them here"))
+                  + verdict)
         for (key, tkey), rs in sorted(by_workload.items()):
             ok = [r for r in rs if r.ok]
             best = min((r.cost for r in ok), default=float("inf"))

@@ -56,7 +56,6 @@ from tecc.graph_opt.layout import WINOGRAD_DEFAULT_TILE, default_winograd_tile, 
 from tecc.graph_opt.pass_manager import PassContext, TuningCallbacks
 from tecc.graph_opt.pipeline import optimize
 from tecc.graph_opt.winograd import GPU_WINOGRAD_TILE, default_gpu_winograd_tile, winograd_conv
-from tecc.runtime import cpu
 from tecc.schedules.space import ConfigSpace
 from tecc.schedules.tasks import CONV_TEMPLATES
 from tecc.schedules.template import templates_for
@@ -99,12 +98,9 @@ class TuningContext:
         self.target: TargetInfo = target_info(target)
         self.target_json = self.target.to_json()
         self.lanes = self.target.vector_lanes() if self.target.is_cpu else 0
-        self.records = load_records(records, warn=True)[0] if records else []
         # records of this very chip under another LLVM name apply as exact
-        self.adopted = 0
-        if self.target.is_host:
-            self.records, self.adopted = adopt_same_chip(self.records, self.target_json,
-                                                         cpu.host_cpu_id())
+        self.records = adopt_same_chip(load_records(records, warn=True)[0] if records else [],
+                                       self.target)
         self.db = RecordDatabase(self.records)
         self._spaces: dict[str, list[ConfigSpace] | None] = {}
         self._outside: dict[tuple[str, str], str] = {}  # (workload, config) -> template

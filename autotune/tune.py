@@ -622,6 +622,7 @@ def retarget_tasks(
     tvm_version: str = "",
     runner_options: dict[str, Any] | None = None,
     layout_variants: Callable[[], dict[str, list[dict[str, Any]]]] | None = None,
+    cache_flush: bool | None = None,
 ) -> list[RetargetState]:
     """A quick local tuning from `foreign` records (another machine's): per task, its
     best foreign configs that are valid here (up to `k`) and its fallback, built in
@@ -636,7 +637,7 @@ def retarget_tasks(
     tuner measures kernels alone, and a block change between two of them costs as
     much as a kernel): the time of one more candidate per task is kept for them, and
     they are measured in the same session until it asks for none new or the time is
-    spent. Returns the retargeted tasks."""
+    spent. `cache_flush` as in tune_tasks. Returns the retargeted tasks."""
     deadline = time.perf_counter() + time_budget_s
     states = []
     for task, weight in zip(tasks, weights, strict=True):
@@ -645,7 +646,7 @@ def retarget_tasks(
             states.append(RetargetState(task, weight, candidates, task.fallback_config(), cost))
     if not states:
         return []
-    options = runner_options_for(timeout_s, False, runner_options)
+    options = runner_options_for(timeout_s, cache_flush, runner_options, states[0].task.target)
     session = session_name(RETARGET_SESSION)
     with records_lock(records), RecordWriter(records, tecc_version, tvm_version) as writer, \
             LocalBuilder(timeout_s=max(timeout_s, 30.0)) as builder, \

@@ -292,6 +292,7 @@ def retarget(
     timeout: float = 30.0,
     winograd: bool = True,
     progress: bool = True,
+    cache_flush: bool | None = None,
 ) -> list:
     """A quick local tuning from another machine's records: for each kernel of `model`
     on `target`, the best `k` configs of `foreign` (files or folders of records, e.g.
@@ -301,7 +302,8 @@ def retarget(
     about `time_budget` seconds (the largest kernels get the most configs); on a CPU,
     then the variants of the configs compile would choose whose input blocks are what
     their producers write (no layout_transform between layers; tecc.tuning.
-    LayoutChainPlan). `tecc.compile(..., records=records)` then reports those workloads "retargeted";
+    LayoutChainPlan). `cache_flush` as in tune. `tecc.compile(..., records=records)`
+    then reports those workloads "retargeted";
     `tecc.tune(..., records=records)` continues from them. Returns the per-task
     retarget states (configs measured, fallback and best times here)."""
     from tecc.autotune.pool import exit_if_in_worker
@@ -332,7 +334,8 @@ def retarget(
                             time_budget_s=left, rounds=rounds, timeout_s=timeout,
                             progress=progress, tecc_version=__version__,
                             tvm_version=tvm.__version__,
-                            layout_variants=layout_variants if info.is_cpu else None)
+                            layout_variants=layout_variants if info.is_cpu else None,
+                            cache_flush=cache_flush)
     if progress:
         print(f"retargeted {len(states)} of {len(tasks)} tasks in "
               f"{time.perf_counter() - started:.0f} s into {records}")

@@ -69,7 +69,7 @@ def _retarget(args: argparse.Namespace, model_spec: str, foreign: list[str] | No
         states = tecc.retarget(model, example_inputs, foreign=foreign, records=records,
                                target=args.target, k=args.k, time_budget=args.time_budget,
                                rounds=args.rounds, timeout=args.timeout,
-                               winograd=not args.no_winograd)
+                               winograd=not args.no_winograd, cache_flush=args.cache_flush)
     except (RecordsBusyError, WorkerStartError, ValueError) as err:
         raise SystemExit(f"tecc {args.command}: {err}") from None
     print_retarget(states, records)
@@ -244,6 +244,10 @@ def add_retarget_options(p: argparse.ArgumentParser) -> None:
                         "most configs)")
     p.add_argument("--rounds", type=int, default=3,
                    help="retarget: interleaved rounds of measurement")
+    p.add_argument("--cache-flush", action=argparse.BooleanOptionalAction, default=None,
+                   help="time kernels with their weights flushed from the caches, as in a "
+                        "model whose weights do not fit in cache (default: on for cuda, "
+                        "where L2 is overwritten before every call; off for CPUs)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -279,10 +283,6 @@ def main(argv: list[str] | None = None) -> int:
                         "or folders, e.g. tuning_logs/); the --records file always counts")
     p.add_argument("--no-transfer", action="store_true",
                    help="start every new kernel's cost model from scratch")
-    p.add_argument("--cache-flush", action=argparse.BooleanOptionalAction, default=None,
-                   help="time kernels with their weights flushed from the caches, as in a "
-                        "model whose weights do not fit in cache (default: on for cuda, "
-                        "where L2 is overwritten before every call; off for CPUs)")
     p.add_argument("--fallback", choices=["strict", "torch"], default="strict",
                    help="torch: a model with ops tecc cannot import has the kernels of its "
                    "compiled regions tuned (as tecc.compile(..., fallback='torch') builds it)")

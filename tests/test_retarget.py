@@ -467,3 +467,28 @@ def test_the_layout_chain_plan_asks_for_the_best_config_with_the_producers_block
     _write_retarget_record(path, info, depthwise, slow, 9e-5)
     variants = layout_chain_variants(import_model(model, inputs).func, info, path)
     assert variants == {workload_key(depthwise.workload): [dict(dw_best, c_bn=written)]}
+
+
+@pytest.mark.parametrize("cache_flush", [None, True])
+def test_retarget_times_its_candidates_as_tuning_does(foreign_chain, tmp_path, monkeypatch,
+                                                      cache_flush):
+    """A retarget session's timings sit next to a tuning run's in one file: its runner
+    gets the options tune's does for the same target and `cache_flush` (cold weights
+    when asked; a CUDA target cold unless told not to)."""
+    from tecc.autotune import tune
+
+    path, conv, depthwise, _, _ = foreign_chain
+    seen = []
+
+    class Recording(tune.LocalRunner):
+        def __init__(self, **options):
+            seen.append(options)
+            super().__init__(**options)
+
+    monkeypatch.setattr(tune, "LocalRunner", Recording)
+    records = tmp_path / "local.jsonl"
+    tune.retarget_tasks([conv, depthwise], [1, 1], load_records(path)[0], records, k=1,
+                        rounds=1, progress=False, cache_flush=cache_flush)
+    assert seen == [tune.runner_options_for(30.0, cache_flush, None, conv.target)]
+    assert seen[0].get("cache_flush", False) is bool(cache_flush)
+    assert all(r.ok for r in load_records(records)[0])

@@ -20,7 +20,7 @@ from tecc.autotune.features import FeatureCache
 from tecc.autotune.measure import MeasureInput, measure_batch
 from tecc.autotune.records import load_records, target_relation
 from tecc.autotune.runner import LocalRunner, RunJob
-from tecc.autotune.tune import runner_options_for, tune_tasks
+from tecc.autotune.tune import retarget_tasks, runner_options_for, tune_tasks
 from tecc.schedules.gpu_conv import direct_features
 from tecc.schedules.gpu_default import launch_extents
 from tecc.schedules.gpu_templates import KERNEL_FEATURES, kernel_features
@@ -247,14 +247,49 @@ def test_tuning_a_cuda_model_writes_records_that_compile_applies(tmp_path):
         torch.testing.assert_close(got, a @ b, rtol=1e-4, atol=1e-4)
 
 
-def _tune(model, inputs, target, records, trials, runner_options):
+def test_cuda_records_of_another_arch_are_retargeted_on_the_gpu(tmp_path):
+    """Records measured for another arch are foreign here; a retarget run measures
+    them on the GPU (the stand-in runner without one) with tuning's cold cuda runner,
+    and compile then reports the kernel retargeted and runs it."""
+    gen = torch.Generator().manual_seed(1)
+    a, b = torch.randn(64, 96, generator=gen), torch.randn(96, 80, generator=gen)
+    options = None if GPU else {"run_fn": fake_cuda_run}
+    tuned = tmp_path / "tuned.jsonl"
+    _tune(MatMul(), (a, b), f"cuda:{ARCH}", tuned, 4, options)
+    other_arch = "sm_80" if ARCH != "sm_80" else "sm_86"
+    foreign = [dict(json.loads(line), target={"kind": "cuda", "arch": other_arch})
+               for line in tuned.read_text().splitlines()]
+    foreign_path = tmp_path / "foreign.jsonl"
+    foreign_path.write_text("".join(json.dumps(r) + "\n" for r in foreign))
+
+    records = tmp_path / "local.jsonl"
+    tasks, weights = _tasks(MatMul(), (a, b), f"cuda:{ARCH}")
+    states = retarget_tasks(tasks, weights, load_records(foreign_path)[0], records, k=2,
+                            rounds=2, progress=False, runner_options=options)
+    assert len(states) == 1 and states[0].measured == 2
+    lines, skipped = load_records(records)
+    assert skipped == 0 and lines and all(r.ok for r in lines)
+    assert {r.target["arch"] for r in lines} == {ARCH}
+    compiled = tecc.compile(MatMul(), (a, b), target=f"cuda:{ARCH}", records=str(records))
+    assert [t["source"] for t in compiled.tasks()] == ["retargeted"]
+    if GPU:
+        got = compiled(a.cuda(), b.cuda()).cpu()
+        torch.testing.assert_close(got, a @ b, rtol=1e-4, atol=1e-4)
+
+
+def _tasks(model, inputs, target):
     from tecc.schedules.tasks import extract_tasks
 
     from tecc.api import fused_graph, task_weights
 
     _, part, _, _, info = fused_graph(model, inputs, target, 3, None, None, {})
     tasks = extract_tasks(part, info.tvm_target)
-    return tune_tasks(tasks, task_weights(part, info.tvm_target, tasks), records, trials,
+    return tasks, task_weights(part, info.tvm_target, tasks)
+
+
+def _tune(model, inputs, target, records, trials, runner_options):
+    tasks, weights = _tasks(model, inputs, target)
+    return tune_tasks(tasks, weights, records, trials,
                       batch_size=4, early_stopping=None, progress=False, verify_top=1,
                       verify_rounds=1, runner_options=runner_options)
 

@@ -209,7 +209,9 @@ def test_records_of_this_chip_under_another_cpu_name_apply_as_exact(tmp_path, ca
             np.testing.assert_allclose(cm(x).numpy(), model(x).detach().numpy(),
                                        rtol=1e-4, atol=1e-4)
             assert main(["records", "show", str(path)]) == 0
-            assert f"{len(tuned)} measured on this chip ({chip}): applied by compile" in \
+            # every record of the file counts, also one whose layout the chosen configs
+            # no longer need (the conv's last config may read another channel block)
+            assert f"{len(picked)} measured on this chip ({chip}): applied by compile" in \
                 capsys.readouterr().out
         else:
             assert cm.unapplied_records["compatible"] == len(tuned)

@@ -15,7 +15,6 @@ than its fallback can be slower between the model's other kernels).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import warnings
@@ -23,7 +22,7 @@ from pathlib import Path
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))
 
-from tecc.autotune.records import workload_key  # noqa: E402
+from tecc.autotune.records import load_records  # noqa: E402
 
 import tecc  # noqa: E402
 from benchmarks.common import (  # noqa: E402
@@ -34,25 +33,19 @@ from benchmarks.common import (  # noqa: E402
     sources,
     write_table,
 )
+from tecc.canonical import canonical_json  # noqa: E402
 
 
 def records_of_each_workload(records: str, keys: list[str], folder: Path) -> list[Path]:
-    """Per workload key of `keys`, a file in `folder` with the lines of `records` of
-    that workload only (the lines that do not parse are left out)."""
-    lines: dict[str, list[str]] = {key: [] for key in keys}
-    with open(records) as f:
-        for line in f:
-            try:
-                key = workload_key(json.loads(line)["workload"])
-            except (ValueError, KeyError, TypeError):
-                continue
-            if key in lines:
-                lines[key].append(line)
+    """Per workload key of `keys`, a file in `folder` with the records of `records`
+    of that workload only (loaded as compile loads them: broken lines skipped)."""
+    loaded = load_records(records)[0]
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
     for i, key in enumerate(keys):
         paths.append(folder / f"workload_{i}.jsonl")
-        paths[-1].write_text("".join(lines[key]))
+        paths[-1].write_text("".join(canonical_json(r.to_json()) + "\n"
+                                     for r in loaded if r.key == key))
     return paths
 
 
@@ -84,7 +77,7 @@ def main() -> None:
                                                                        records=path)
         ms, err = against_eager(model, inputs, builds, rounds=args.rounds)
         called = [k["name"] for k in builds["records"].plan["kernels"]]
-        for task in tuned if alone else []:
+        for task in tuned if args.per_workload else []:
             ratio = ms["untuned"] / ms[alone[task["workload_key"]]]
             calls = sum(called.count(kernel) for kernel in task["kernels"])
             workload_rows.append([name, task["template"], task["workload_key"], str(calls),

@@ -111,6 +111,9 @@ ROW_LOAD_SHARE = 0.5
 # FMA pipes; LLVM calls the host rocketlake) the same limit is no rule: BERT 1.04x and
 # GPT-2 1.03x, but ViT 0.92x, ConvNeXt 0.97x, Whisper's encoder 0.90x
 # (benchmarks/results/dense_tile_rows_rocketlake.md), so Intel CPUs have no entry.
+# Zen 5, whose EPYC parts have full 512-bit FMA units, has none either: on 2 znver5
+# cores the limit ran BERT 0.99x, GPT-2 0.97x, ViT 0.97x, Whisper's encoder 0.95x,
+# ConvNeXt 1.01x (benchmarks/results/dense_tile_rows_znver5.md).
 TILE_ACCUMULATORS = {"znver4": 16}
 
 

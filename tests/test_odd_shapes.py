@@ -116,6 +116,7 @@ def test_row_tiles_weigh_their_padded_rows():
     assert register_tile_rows(64, 16, 8) == 6  # AVX2, two-vector columns
     # Zen 4's limit of 16 accumulators: 4 rows of 4 vectors, 8 of one or two
     assert tile_accumulators("znver4") == 16 and tile_accumulators("skylake-avx512") is None
+    assert tile_accumulators("znver5") is None  # full 512-bit FMA units, as Intel's
     assert register_tile_rows(197, 64, 16, 16) == 4
     assert register_tile_rows(3136, 16, 16, 16) == register_tile_rows(3136, 32, 16, 16) == 8
     _run_configs(_mm("dense", [1, 7, 7, 40], [50, 40]), [None])

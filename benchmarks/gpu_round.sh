@@ -17,9 +17,12 @@
 # previous bench left in $OUT as inductor_cache.tar.xz.part*, carried back) and packs
 # them into $OUT after the run, also one cut by BENCH_TIMEOUT, so that a compile
 # longer than one call (max-autotune over MobileNetV2's convs) goes on where it stopped
-# on the next call on the same kind of GPU and torch.
+# on the next call on the same kind of GPU and torch. `detach ROUND ARGS` starts a
+# round that outlives the call (longer than one call allows), `collect [WAIT_S]` waits
+# for it (540 s by default) and copies what it wrote to $OUT.
 set -o pipefail
 OUT=${OUT:-/tmp/tecc-gpu-round}
+DETACHED=${DETACHED:-/tmp/tecc-detached}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader | tee -a "$OUT/device.txt"
@@ -88,8 +91,40 @@ case "${1:-}" in
       echo "== $model: $(( $(date +%s) - start )) s" | tee -a "$OUT/tune.log"
       cp "$records" "$OUT/"
     done;;
+  detach)
+    # A round longer than one call (MetaSchedule's 192 trials on a 4096^3 GEMM take about
+    # 20 minutes): the rest of the line runs as a round in its own process session, which
+    # outlives the call while the machine is held (keep it held with `collect` calls),
+    # from a copy of the checkout (a later call may replace the checkout), with its OUT
+    # in $DETACHED; `collect` waits for it and brings its files back.
+    shift
+    rm -rf "$DETACHED" && mkdir -p "$DETACHED/out" "$DETACHED/repo"
+    tar cf - --exclude=./.gpu/p1 --exclude=./.gpu/p2 --exclude=./.git --exclude=./.venv . \
+      | tar xf - -C "$DETACHED/repo"
+    # every descriptor of this call redirected and no shell left between: a process
+    # holding the call's output open would keep the call from returning
+    (cd "$DETACHED/repo" && OUT="$DETACHED/out" exec setsid nohup bash -c \
+      'bash benchmarks/gpu_round.sh "$@"; echo $? > "$OUT/../exit_code"' _ "$@") \
+      > "$DETACHED/round.log" 2>&1 < /dev/null &
+    echo "detached: gpu_round.sh $*; collect with: gpu_round.sh collect [WAIT_S]";;
+  collect)
+    shift
+    wait_s=${1:-540}
+    [ -d "$DETACHED" ] || { echo "nothing detached on this machine" >&2; exit 2; }
+    for ((waited = 0; waited < wait_s; waited += 5)); do
+      [ -f "$DETACHED/exit_code" ] && break
+      sleep 5
+    done
+    tail -n 20 "$DETACHED/round.log"
+    cp "$DETACHED/round.log" "$DETACHED"/out/* "$OUT/" 2>/dev/null
+    if [ -f "$DETACHED/exit_code" ]; then
+      echo "detached round finished, exit $(cat "$DETACHED/exit_code")"
+    else
+      echo "detached round still running (collect again within the machine's idle time)"
+    fi;;
   *) echo "usage: gpu_round.sh tests [pytest args] | bench [e2e_gpu args] | gemm [args] |" \
           "reduce [args] | injective [args] | attention [args] | winograd [args] |" \
-          "efficiency [args] | tune RECORDS MODEL:TRIALS..." >&2
+          "efficiency [args] | tune RECORDS MODEL:TRIALS... | detach ROUND ARGS... |" \
+          "collect [WAIT_S]" >&2
      exit 2;;
 esac

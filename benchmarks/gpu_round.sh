@@ -98,6 +98,9 @@ case "${1:-}" in
     # from a copy of the checkout (a later call may replace the checkout), with its OUT
     # in $DETACHED; `collect` waits for it and brings its files back.
     shift
+    if [ -d "$DETACHED" ] && [ ! -f "$DETACHED/exit_code" ]; then
+      echo "a detached round is still running in $DETACHED: collect it first" >&2; exit 2
+    fi
     rm -rf "$DETACHED" && mkdir -p "$DETACHED/out" "$DETACHED/repo"
     tar cf - --exclude=./.gpu/p1 --exclude=./.gpu/p2 --exclude=./.git --exclude=./.venv . \
       | tar xf - -C "$DETACHED/repo"

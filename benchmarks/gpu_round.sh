@@ -106,8 +106,8 @@ case "${1:-}" in
       | tar xf - -C "$DETACHED/repo"
     # every descriptor of this call redirected and no shell left between: a process
     # holding the call's output open would keep the call from returning
-    (cd "$DETACHED/repo" && OUT="$DETACHED/out" exec setsid nohup bash -c \
-      'bash benchmarks/gpu_round.sh "$@"; echo $? > "$OUT/../exit_code"' _ "$@") \
+    (cd "$DETACHED/repo" && OUT="$DETACHED/out" DETACHED="$DETACHED" exec setsid nohup bash -c \
+      'bash benchmarks/gpu_round.sh "$@"; echo $? > "$DETACHED/exit_code"' _ "$@") \
       > "$DETACHED/round.log" 2>&1 < /dev/null &
     echo "detached: gpu_round.sh $*; collect with: gpu_round.sh collect [WAIT_S]";;
   collect)

@@ -30,7 +30,6 @@ from benchmarks.common import RESULTS, write_table  # noqa: E402
 from tests.models import MLP, MatMul, MobileNetV2, bert_encoder, resnet18  # noqa: E402
 from tests.util import max_rel_error, to_cpu  # noqa: E402
 
-STORE = RESULTS / "e2e_gpu.json"
 COMPETITORS = ("eager", "compile", "reduce-overhead", "tecc", "tecc-direct")
 TORCH_MODES = {"compile": None, "reduce-overhead": "reduce-overhead",
                "max-autotune": "max-autotune"}
@@ -178,7 +177,15 @@ def carried_torch_times(old: dict | None, new: dict) -> dict[str, float]:
             if not k.startswith("tecc") and k not in new["ms"]}
 
 
-def write_markdown(store: dict) -> None:
+def check_same_device(store: dict, path: Path, device: str) -> None:
+    """A table speaks of one GPU: rows of another device go to another --output."""
+    held = {row.get("device") for row in store["models"].values()} - {None, device}
+    if held:
+        raise SystemExit(f"{path} holds rows measured on {', '.join(sorted(held))}, and this "
+                         f"GPU is {device}: give this device its own --output NAME")
+
+
+def write_markdown(store: dict, output: str) -> None:
     rows = []
     for key in sorted(store["models"], key=lambda k: (k.split("@")[0], int(k.split("@")[1]))):
         r = store["models"][key]
@@ -215,8 +222,9 @@ def write_markdown(store: dict) -> None:
              "batch. tecc replays one CUDA graph per call; ratios above 1 mean tecc is faster.",
              "*: a torch mode this row's latest run left out, from the row's previous run "
              "on the same device (torch's time does not depend on tecc's version).",
-             "Command: `python benchmarks/e2e_gpu.py` (see --help)."]
-    path = write_table("e2e_gpu", "End-to-end latency, CUDA GPU, fp32 (median ms)",
+             f"Command: `python benchmarks/e2e_gpu.py{'' if output == 'e2e_gpu' else ' --output ' + output}`"
+             " (see --help)."]
+    path = write_table(output, "End-to-end latency, CUDA GPU, fp32 (median ms)",
                        ["model", "batch", "torch eager", "torch.compile",
                         "torch.compile reduce-overhead", "torch.compile max-autotune", "tecc",
                         "tecc direct convs", "tecc tuned", "tecc vs eager", "tecc vs fastest torch",
@@ -240,6 +248,9 @@ def main() -> None:
                         help=f"of {', '.join(('eager', *TORCH_MODES, 'tecc'))}")
     parser.add_argument("--records", default=None,
                         help="tuning records: also time tecc with them (\"tecc tuned\")")
+    parser.add_argument("--output", default="e2e_gpu",
+                        help="results/NAME.json and .md: one store a device (default e2e_gpu, "
+                             "the H200's)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         # the tables name the GPU they were measured on: nothing to add without one
@@ -247,7 +258,10 @@ def main() -> None:
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     competitors = args.competitors.split(",")
-    store = json.loads(STORE.read_text()) if STORE.exists() else {"models": {}, "gemm": {}}
+    store_path = RESULTS / f"{args.output}.json"
+    store = (json.loads(store_path.read_text()) if store_path.exists()
+             else {"models": {}, "gemm": {}})
+    check_same_device(store, store_path, torch.cuda.get_device_name())
     for batch in [int(b) for b in args.batches.split(",") if b]:
         for name in [m for m in args.models.split(",") if m]:
             print(f"== {name} batch {batch}", flush=True)
@@ -260,14 +274,14 @@ def main() -> None:
             key = f"{name}@{batch}"
             row["earlier_ms"] = carried_torch_times(store["models"].get(key), row)
             store["models"][key] = row
-            STORE.parent.mkdir(parents=True, exist_ok=True)
-            STORE.write_text(json.dumps(store, indent=1))
+            store_path.parent.mkdir(parents=True, exist_ok=True)
+            store_path.write_text(json.dumps(store, indent=1))
     for n in [int(v) for v in args.gemm.split(",") if v]:
         print(f"== gemm {n}", flush=True)
         store["gemm"][str(n)] = run_gemm(n)
         print(json.dumps(store["gemm"][str(n)]), flush=True)
-        STORE.write_text(json.dumps(store, indent=1))
-    write_markdown(store)
+        store_path.write_text(json.dumps(store, indent=1))
+    write_markdown(store, args.output)
 
 
 if __name__ == "__main__":

@@ -9,15 +9,16 @@
 # `efficiency ARGS` benchmarks/tuner_efficiency.py --target cuda, `tune RECORDS
 # MODEL:TRIALS...` tunes each model for cuda into RECORDS (a copy goes to $OUT after
 # each). Logs and results go to $OUT when it is set. `bench` merges its rows into the
-# checkout's results/e2e_gpu.json (and a copy left in $OUT by the same call): copy a
-# call's e2e_gpu.json and records from $OUT into the checkout before the next call
+# checkout's results/e2e_gpu.json, or the --output NAME given for another GPU (and a copy
+# left in $OUT by the same call): copy a call's e2e_gpu*.json and records from $OUT into the checkout before the next call
 # sends it, or the next bench writes its table over the older rows.
 # torch.compile's caches (max-autotune's kernel choices among them) live in
 # TORCHINDUCTOR_CACHE_DIR: `bench` restores them from .gpu/inductor/ (the files a
 # previous bench left in $OUT as inductor_cache.tar.xz.part*, carried back) and packs
 # them into $OUT after the run, also one cut by BENCH_TIMEOUT, so that a compile
 # longer than one call (max-autotune over MobileNetV2's convs) goes on where it stopped
-# on the next call on the same kind of GPU and torch. `detach ROUND ARGS` starts a
+# on the next call on the same kind of GPU and torch; a detached bench's cache comes
+# back with each `collect` while it runs. `detach ROUND ARGS` starts a
 # round that outlives the call (longer than one call allows), `collect [WAIT_S]` waits
 # for it (540 s by default) and copies what it wrote to $OUT.
 set -o pipefail
@@ -26,6 +27,13 @@ DETACHED=${DETACHED:-/tmp/tecc-detached}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader | tee -a "$OUT/device.txt"
+pack_inductor_cache() {  # CACHE_DIR OUT
+  # 15 MiB parts: a file coming back from the device may hold 16 MiB
+  [ -d "$1" ] || return 0
+  rm -f "$2"/inductor_cache.tar.xz.part*
+  tar c -C "$1" . | xz -T0 | split -b 15M -d - "$2/inductor_cache.tar.xz.part"
+  echo "inductor cache: $(cat "$2"/inductor_cache.tar.xz.part* | wc -c) bytes packed"
+}
 case "${1:-}" in
   tests)
     shift
@@ -38,7 +46,7 @@ case "${1:-}" in
       "$@") 2>&1 | tee "$OUT/tests.log";;
   bench)
     shift
-    [ -f "$OUT/e2e_gpu.json" ] && cp "$OUT/e2e_gpu.json" benchmarks/results/
+    cp "$OUT"/e2e_gpu*.json benchmarks/results/ 2>/dev/null
     export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/tecc-inductor-cache}
     mkdir -p "$TORCHINDUCTOR_CACHE_DIR"
     if ls .gpu/inductor/inductor_cache.tar.xz.part* >/dev/null 2>&1; then
@@ -46,11 +54,8 @@ case "${1:-}" in
         && echo "restored the inductor cache ($(du -sh "$TORCHINDUCTOR_CACHE_DIR" | cut -f1))"
     fi
     timeout "${BENCH_TIMEOUT:-3000}" python3 benchmarks/e2e_gpu.py "$@" 2>&1 | tee "$OUT/bench.log"
-    cp benchmarks/results/e2e_gpu.md benchmarks/results/e2e_gpu.json "$OUT/"
-    # 15 MiB parts: a file coming back from the device may hold 16 MiB
-    rm -f "$OUT"/inductor_cache.tar.xz.part*
-    tar cJ -C "$TORCHINDUCTOR_CACHE_DIR" . | split -b 15M -d - "$OUT/inductor_cache.tar.xz.part"
-    echo "inductor cache: $(cat "$OUT"/inductor_cache.tar.xz.part* | wc -c) bytes packed";;
+    cp benchmarks/results/e2e_gpu*.md benchmarks/results/e2e_gpu*.json "$OUT/"
+    pack_inductor_cache "$TORCHINDUCTOR_CACHE_DIR" "$OUT";;
   gemm)
     shift
     python3 benchmarks/gpu_gemm_configs.py "$@" 2>&1 | tee "$OUT/gemm_configs.log"
@@ -102,6 +107,7 @@ case "${1:-}" in
       echo "a detached round is still running in $DETACHED: collect it first" >&2; exit 2
     fi
     rm -rf "$DETACHED" && mkdir -p "$DETACHED/out" "$DETACHED/repo"
+    echo "${1:-}" > "$DETACHED/round_name"
     tar cf - --exclude=./.gpu/p1 --exclude=./.gpu/p2 --exclude=./.git --exclude=./.venv . \
       | tar xf - -C "$DETACHED/repo"
     # every descriptor of this call redirected and no shell left between: a process
@@ -124,6 +130,11 @@ case "${1:-}" in
       echo "detached round finished, exit $(cat "$DETACHED/exit_code")"
     else
       echo "detached round still running (collect again within the machine's idle time)"
+      # a machine can be taken back mid-round: what torch.compile has chosen so far
+      # comes back with each collect, for the next machine to go on from
+      if [ "$(cat "$DETACHED/round_name")" = bench ]; then
+        pack_inductor_cache "${TORCHINDUCTOR_CACHE_DIR:-/tmp/tecc-inductor-cache}" "$OUT"
+      fi
     fi;;
   *) echo "usage: gpu_round.sh tests [pytest args] | bench [e2e_gpu args] | gemm [args] |" \
           "reduce [args] | injective [args] | attention [args] | winograd [args] |" \

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import json
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -108,12 +109,32 @@ def _llvm_features(target: tvm.target.Target) -> frozenset[str]:
     return cpu.isa_features(str(f) for f in codegen.llvm_get_cpu_features(target))
 
 
+# What LLVM calls an x86 host whose chip it does not know (a virtual machine that hides
+# the CPUID family and model, a chip newer than LLVM): code for it would use SSE2 only.
+_UNKNOWN_X86_CPUS = frozenset({"", "generic", "x86-64"})
+# x86-64 psABI levels, highest first: LLVM knows each as a CPU name with its features.
+_X86_LEVELS = ("x86-64-v4", "x86-64-v3", "x86-64-v2")
+
+
 @functools.cache
 def host_llvm_cpu() -> str:
-    """This host's CPU as LLVM names it (`emeraldrapids`, `znver4`)."""
+    """This host's CPU as LLVM names it (`emeraldrapids`, `znver4`); where LLVM does not
+    know the chip, the highest x86-64 level (`x86-64-v4`: AVX-512) the host's own
+    /proc/cpuinfo flags allow, with a warning."""
     from tvm.target import codegen
 
-    return str(codegen.llvm_get_system_cpu())
+    name = str(codegen.llvm_get_system_cpu())
+    flags = cpu.host_cpuinfo_flags()
+    if name not in _UNKNOWN_X86_CPUS or cpu.host_machine() != "x86_64" or flags is None:
+        return name
+    triple = str(codegen.llvm_get_system_triple())
+    level = next((lv for lv in _X86_LEVELS if not _absent_features(lv, triple, flags)), name)
+    warnings.warn(
+        f"LLVM does not know this host's CPU (CPUID {cpu.host_cpu_id()}, named {name!r}): "
+        f"tecc builds for {level!r}, the highest x86-64 level its flags allow; name the "
+        "chip (target='llvm:<cpu>', e.g. znver4) if you know it, for code tuned to it",
+        stacklevel=2)
+    return level
 
 
 def host_absent_features(config: Mapping[str, Any]) -> list[str]:

@@ -74,3 +74,49 @@ def test_missing_features_are_named_by_llvm_base_first():
                                flags) == ["sse4.1", "avx512f", "avx512bw"]
     assert cpu.isa_level({"avx2", "fma"}) == "x86-avx2"
     assert cpu.isa_level({"neon"}, "arm64") == "aarch64-neon"
+
+
+@pytest.mark.parametrize("level, lanes", [("x86-64-v4", 16), ("x86-64-v3", 8), ("x86-64-v2", 4)])
+def test_a_host_llvm_does_not_know_gets_the_highest_level_its_flags_allow(monkeypatch, level,
+                                                                         lanes):
+    # a virtual machine that hides its chip's family and model: LLVM names it "generic",
+    # and its code would use SSE2 only, though /proc/cpuinfo lists AVX-512
+    from tvm.target import codegen
+
+    import tecc.target as target_module
+
+    flags = {cpu.LLVM_TO_CPUINFO[f] for f in target_info(f"llvm:{level}").features}
+    if level != "x86-64-v4":  # one flag short of the next level
+        flags |= {cpu.LLVM_TO_CPUINFO[f] for f in target_info("llvm:x86-64-v4").features}
+        flags -= {"avx512f" if level == "x86-64-v3" else "avx2"}
+    monkeypatch.setattr(codegen, "llvm_get_system_cpu", lambda: "generic")
+    monkeypatch.setattr(cpu, "host_cpuinfo_flags", lambda: frozenset(flags))
+    monkeypatch.setattr(cpu, "host_machine", lambda: "x86_64")
+    # facts of the named level, read above, are not this (pretended) host's
+    monkeypatch.setattr(target_module, "_INFO", {})
+    target_module.host_llvm_cpu.cache_clear()
+    try:
+        with pytest.warns(UserWarning, match=rf"does not know this host's CPU.*'{level}'"):
+            target = resolve_target("llvm")
+        host = target_info(target)
+        assert host.cpu == level and host.is_host and host.vector_lanes() == lanes
+        assert cpu.missing_on_host(host.features, flags) == []
+    finally:
+        target_module.host_llvm_cpu.cache_clear()
+
+
+def test_code_for_a_level_runs_and_matches_eager():
+    # what such a host gets: a model built for x86-64-v3 (AVX2, which every x86 host of
+    # the suite has) matches torch
+    import torch
+
+    import tecc
+    from tests.models import MLP
+    from tests.util import assert_close
+
+    model = MLP().eval()
+    x = torch.randn(5, 64, generator=torch.Generator().manual_seed(3))
+    compiled = tecc.compile(model, (x,), target="llvm:x86-64-v3")
+    fresh = torch.randn_like(x)
+    with torch.no_grad():
+        assert_close(compiled(fresh), model(fresh), rtol=1e-4, atol=1e-5)

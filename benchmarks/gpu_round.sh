@@ -9,9 +9,10 @@
 # `efficiency ARGS` benchmarks/tuner_efficiency.py --target cuda, `tune RECORDS
 # MODEL:TRIALS...` tunes each model for cuda into RECORDS (a copy goes to $OUT after
 # each). Logs and results go to $OUT when it is set. `bench` merges its rows into the
-# checkout's results/e2e_gpu.json, or the --output NAME given for another GPU (and a copy
-# left in $OUT by the same call): copy a call's e2e_gpu*.json and records from $OUT into the checkout before the next call
-# sends it, or the next bench writes its table over the older rows.
+# checkout's results/e2e_gpu.json, or the --output NAME given for another GPU (and a
+# copy left in $OUT by the same call): copy a call's e2e_gpu*.json and records from $OUT
+# into the checkout before the next call sends it, or the next bench writes its table
+# over the older rows.
 # torch.compile's caches (max-autotune's kernel choices among them) live in
 # TORCHINDUCTOR_CACHE_DIR: `bench` restores them from .gpu/inductor/ (the files a
 # previous bench left in $OUT as inductor_cache.tar.xz.part*, carried back) and packs

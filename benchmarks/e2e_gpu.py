@@ -164,7 +164,8 @@ def run_gemm(n: int) -> dict:
     error = max_rel_error(cm(ga, gb).cpu(), (ga @ gb).cpu())
     times = cuda_ms({"cublas": lambda: ga @ gb, "tecc": lambda: cm(ga, gb)}, rounds=3)
     tflops = {k: 2 * n**3 / (v * 1e-3) / 1e12 for k, v in times.items()}
-    return {"n": n, "ms": times, "tflops": tflops, "max_rel_err": error}
+    return {"n": n, "ms": times, "tflops": tflops, "max_rel_err": error,
+            "device": torch.cuda.get_device_name()}
 
 
 def carried_torch_times(old: dict | None, new: dict) -> dict[str, float]:
@@ -179,7 +180,8 @@ def carried_torch_times(old: dict | None, new: dict) -> dict[str, float]:
 
 def check_same_device(store: dict, path: Path, device: str) -> None:
     """A table speaks of one GPU: rows of another device go to another --output."""
-    held = {row.get("device") for row in store["models"].values()} - {None, device}
+    rows = [*store["models"].values(), *store.get("gemm", {}).values()]
+    held = {row.get("device") for row in rows} - {None, device}
     if held:
         raise SystemExit(f"{path} holds rows measured on {', '.join(sorted(held))}, and this "
                          f"GPU is {device}: give this device its own --output NAME")

@@ -20,7 +20,9 @@ def test_the_host_is_named_by_llvm_and_can_run_its_own_code():
     from tvm.target import codegen
 
     host = target_info("llvm")
-    assert host.is_host and host.cpu == str(codegen.llvm_get_system_cpu())
+    name = str(codegen.llvm_get_system_cpu())
+    # a chip LLVM does not know is named by its x86-64 level (the test below)
+    assert host.is_host and (host.cpu == name or name == "generic" and "x86-64" in host.cpu)
     assert host.cores == cpu.host_cores()
     flags = cpu.host_cpuinfo_flags()
     assert flags is not None and cpu.missing_on_host(host.features, flags) == []

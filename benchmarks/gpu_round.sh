@@ -18,8 +18,9 @@
 # previous bench left in $OUT as inductor_cache.tar.xz.part*, carried back) and packs
 # them into $OUT after the run, also one cut by BENCH_TIMEOUT, so that a compile
 # longer than one call (max-autotune over MobileNetV2's convs) goes on where it stopped
-# on the next call on the same kind of GPU and torch; a detached bench's cache comes
-# back with each `collect` while it runs. `detach ROUND ARGS` starts a
+# on the next call on the same kind of GPU and torch; a detached bench's cache, and a
+# detached efficiency round's curves (MetaSchedule's so far), come back with each
+# `collect` while it runs. `detach ROUND ARGS` starts a
 # round that outlives the call (longer than one call allows), `collect [WAIT_S]` waits
 # for it (540 s by default) and copies what it wrote to $OUT.
 set -o pipefail
@@ -131,11 +132,15 @@ case "${1:-}" in
       echo "detached round finished, exit $(cat "$DETACHED/exit_code")"
     else
       echo "detached round still running (collect again within the machine's idle time)"
-      # a machine can be taken back mid-round: what torch.compile has chosen so far
-      # comes back with each collect, for the next machine to go on from
-      if [ "$(cat "$DETACHED/round_name")" = bench ]; then
-        pack_inductor_cache "${TORCHINDUCTOR_CACHE_DIR:-/tmp/tecc-inductor-cache}" "$OUT"
-      fi
+      # a machine can be taken back mid-round: what the round has done so far comes
+      # back with each collect (a bench's torch.compile cache, for the next machine to
+      # go on from)
+      case "$(cat "$DETACHED/round_name")" in
+        bench) pack_inductor_cache "${TORCHINDUCTOR_CACHE_DIR:-/tmp/tecc-inductor-cache}" "$OUT";;
+        # MetaSchedule's curve so far (stored every 30 s): `--report --trials N` shows it
+        efficiency) cp "$DETACHED"/repo/benchmarks/results/tuner_efficiency_cuda*_curves.json \
+          "$OUT/" 2>/dev/null;;
+      esac
     fi;;
   *) echo "usage: gpu_round.sh tests [pytest args] | bench [e2e_gpu args] | gemm [args] |" \
           "reduce [args] | injective [args] | attention [args] | winograd [args] |" \

@@ -19,7 +19,9 @@ import json
 import math
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -63,9 +65,27 @@ def build_without_intrinsics(mod, target, _params):
     return tvm.tirx.build(mod, target=target)
 
 
-def metaschedule_curve(task, trials: int, target, seed: int) -> list[float]:
+def database_curve(path: Path) -> list[float]:
+    """Best seconds after each trial, from MetaSchedule's JSON database file (appended
+    in measurement order; the database object returns its records sorted by cost)."""
+    costs = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            run_secs = json.loads(line)[1][1]
+        except (json.JSONDecodeError, IndexError, TypeError):
+            continue  # the line being written when a snapshot read the file
+        costs.append(float(np.median(run_secs)) if run_secs else math.inf)
+    return list(np.minimum.accumulate(costs)) if costs else []
+
+
+def metaschedule_curve(task, trials: int, target, seed: int,
+                       progress: Callable[[list[float], float], None] | None = None,
+                       every_s: float = 30.0) -> list[float]:
     """Best seconds after each trial of MetaSchedule's tune_tir on the task's anchor
-    (its default layout, as built by the task with the fallback config, unscheduled)."""
+    (its default layout, as built by the task with the fallback config, unscheduled).
+    `progress(curve, seconds)` gets the curve so far every `every_s` seconds while it
+    runs, so that a run cut short (a time limit, a machine taken back) keeps what it
+    measured."""
     import tvm
     from tecc.runtime.cpu import host_cores
     from tecc.schedules.lower import build_te
@@ -76,19 +96,33 @@ def metaschedule_curve(task, trials: int, target, seed: int) -> list[float]:
     mod = tvm.IRModule({"main": te.create_prim_func(placeholders + outputs)})
     cores = host_cores()
     with tempfile.TemporaryDirectory() as work_dir:
-        # a CUDA build needs the default builder's intrinsics and nvcc/nvrtc set-up
-        builder = ms.builder.LocalBuilder(
-            f_build=None if target.kind.name == "cuda" else build_without_intrinsics,
-            max_workers=cores, timeout_sec=60)
-        ms.tune_tir(mod, target, work_dir, max_trials_global=trials, num_trials_per_iter=64,
-                    seed=seed, num_tuning_cores=cores, builder=builder)
-        # the JSON database file is appended in measurement order (the database object
-        # returns its records sorted by cost)
-        costs = []
-        for line in (Path(work_dir) / "database_tuning_record.json").read_text().splitlines():
-            run_secs = json.loads(line)[1][1]
-            costs.append(float(np.median(run_secs)) if run_secs else math.inf)
-    return list(np.minimum.accumulate(costs)) if costs else []
+        database = Path(work_dir) / "database_tuning_record.json"
+        start, done = time.perf_counter(), threading.Event()
+
+        def snapshot() -> None:
+            seen = 0
+            while not done.wait(every_s):
+                curve = database_curve(database)
+                if len(curve) > seen:
+                    seen = len(curve)
+                    progress(curve, time.perf_counter() - start)
+
+        watcher = threading.Thread(target=snapshot, daemon=True) if progress else None
+        if watcher:
+            watcher.start()
+        try:
+            # a CUDA build needs the default builder's intrinsics and nvcc/nvrtc set-up
+            builder = ms.builder.LocalBuilder(
+                f_build=None if target.kind.name == "cuda" else build_without_intrinsics,
+                max_workers=cores, timeout_sec=60)
+            ms.tune_tir(mod, target, work_dir, max_trials_global=trials,
+                        num_trials_per_iter=64, seed=seed, num_tuning_cores=cores,
+                        builder=builder)
+        finally:
+            done.set()
+            if watcher:
+                watcher.join()
+        return database_curve(database)
 
 
 def at(curve: list[float], n: int) -> float:
@@ -149,8 +183,18 @@ def run_missing(args: argparse.Namespace, chosen: list[dict], tuners: list[str],
                     task = tasks[wl["name"]]
                     start = time.perf_counter()
                     if name == "metaschedule":
+                        def keep(curve: list[float], seconds: float, wl: dict = wl,
+                                 seed: int = seed) -> None:
+                            # a cut run's curve, stored with the trials it reached: a
+                            # table of that many trials (--report --trials N) shows it
+                            store.add(wl["name"], "metaschedule", seed, len(curve), curve,
+                                      seconds)
+                            print(f"{wl['name']} metaschedule seed {seed}: {len(curve)} "
+                                  f"trials measured ({seconds:.0f}s)", flush=True)
+
                         try:
-                            curve = metaschedule_curve(task, args.trials, target, seed)
+                            curve = metaschedule_curve(task, args.trials, target, seed,
+                                                       progress=keep)
                         except Exception as err:  # the anchor is reported, not fatal
                             print(f"MetaSchedule failed on {wl['name']}: {err}")
                             continue

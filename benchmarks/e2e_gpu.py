@@ -151,7 +151,8 @@ def run_model(name: str, batch: int, competitors: list[str], records: str | None
     return {"model": name, "batch": batch, "ms": times, "compile_s": compile_s,
             "kernel_calls": len(cm.plan["kernels"]), "max_rel_err": error,
             "tuned_sources": tuned_from,
-            "device": torch.cuda.get_device_name(), "slowest_kernels_ms": top,
+            "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+            "slowest_kernels_ms": top,
             "kernel_totals_ms": by_kernel[:16]}
 
 
@@ -211,8 +212,11 @@ def write_markdown(store: dict, output: str) -> None:
                   f"{g['tflops']['cublas']:.1f}", f"{g['tflops']['tecc']:.1f}",
                   f"{g['tflops']['tecc'] / g['tflops']['cublas']:.2f}x", f"{g['max_rel_err']:.1e}"]
                  for g in sorted(store.get("gemm", {}).values(), key=lambda g: g["n"])]
-    device = next(iter(store["models"].values()), {}).get("device", "a CUDA GPU")
-    notes = [f"Device: {device}; torch {torch.__version__}, tecc {tecc.__version__}. "
+    first = next(iter(store["models"].values()), {})
+    device = first.get("device", "a CUDA GPU")
+    # the torch the rows were measured with (a table rewritten elsewhere keeps it)
+    torch_version = first.get("torch", torch.__version__)
+    notes = [f"Device: {device}; torch {torch_version}, tecc {tecc.__version__}. "
              "\"tecc\": untuned (fallback configs; Winograd for the 3x3 convs the default "
              "rule picks); \"tecc direct convs\": the same with every conv direct "
              "(winograd=False); \"tecc tuned\": with the tuning records "
@@ -231,6 +235,13 @@ def write_markdown(store: dict, output: str) -> None:
                         "torch.compile reduce-overhead", "torch.compile max-autotune", "tecc",
                         "tecc direct convs", "tecc tuned", "tecc vs eager", "tecc vs fastest torch",
                         "kernel calls", "tecc compile s", "max rel err"], rows, notes)
+    # what a row's run had that the table does not say (records tuned in the same call):
+    # written by hand into the store, dropped when the row is measured again
+    row_notes = [f"{r['model']} at batch {r['batch']}: {r['note']}"
+                 for r in store["models"].values() if r.get("note")]
+    if row_notes:
+        with open(path, "a") as f:
+            f.write("\n" + "\n\n".join(row_notes) + "\n")
     if gemm_rows:
         lines = ["", "## GEMM (n x n x n, fp32)", "",
                  "| n | cuBLAS ms | tecc ms | cuBLAS TFLOP/s | tecc TFLOP/s | tecc / cuBLAS "

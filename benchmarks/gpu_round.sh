@@ -20,12 +20,14 @@
 # longer than one call (max-autotune over MobileNetV2's convs) goes on where it stopped
 # on the next call on the same kind of GPU and torch; a detached bench's cache, and a
 # detached efficiency round's curves (MetaSchedule's so far), come back with each
-# `collect` while it runs. `detach ROUND ARGS` starts a
-# round that outlives the call (longer than one call allows), `collect [WAIT_S]` waits
-# for it (540 s by default) and copies what it wrote to $OUT.
+# `collect` while it runs. `detach ROUND ARGS` starts a round that outlives the call
+# (longer than one call allows), `collect [WAIT_S]` waits for it (540 s by default) and
+# copies what it wrote to $OUT.
 set -o pipefail
 OUT=${OUT:-/tmp/tecc-gpu-round}
 DETACHED=${DETACHED:-/tmp/tecc-detached}
+# torch.compile's cache: a bench fills it, a collect packs a detached bench's
+export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/tecc-inductor-cache}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader | tee -a "$OUT/device.txt"
@@ -49,7 +51,6 @@ case "${1:-}" in
   bench)
     shift
     cp "$OUT"/e2e_gpu*.json benchmarks/results/ 2>/dev/null
-    export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/tecc-inductor-cache}
     mkdir -p "$TORCHINDUCTOR_CACHE_DIR"
     if ls .gpu/inductor/inductor_cache.tar.xz.part* >/dev/null 2>&1; then
       cat .gpu/inductor/inductor_cache.tar.xz.part* | tar xJ -C "$TORCHINDUCTOR_CACHE_DIR" \
@@ -136,7 +137,7 @@ case "${1:-}" in
       # back with each collect (a bench's torch.compile cache, for the next machine to
       # go on from)
       case "$(cat "$DETACHED/round_name")" in
-        bench) pack_inductor_cache "${TORCHINDUCTOR_CACHE_DIR:-/tmp/tecc-inductor-cache}" "$OUT";;
+        bench) pack_inductor_cache "$TORCHINDUCTOR_CACHE_DIR" "$OUT";;
         # MetaSchedule's curve so far (stored every 30 s): `--report --trials N` shows it
         efficiency) cp "$DETACHED"/repo/benchmarks/results/tuner_efficiency_cuda*_curves.json \
           "$OUT/" 2>/dev/null;;

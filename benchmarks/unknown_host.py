@@ -66,12 +66,12 @@ def main() -> None:
     from tecc.target import target_info
 
     host = target_info("llvm").cpu
-    with llvm_knows_no_host_cpu() as level:
+    with llvm_knows_no_host_cpu() as level:  # the name such a host's target gets
         pass
     rows = []
     for name, model, inputs in example_model_runs(args):
         builds = {host: tecc.compile(model, inputs)}
-        with llvm_knows_no_host_cpu() as level:
+        with llvm_knows_no_host_cpu():
             builds[level] = tecc.compile(model, inputs)
         with llvm_knows_no_host_cpu(as_before=True):
             builds["generic"] = tecc.compile(model, inputs)

@@ -111,7 +111,7 @@ def _llvm_features(target: tvm.target.Target) -> frozenset[str]:
 
 # What LLVM calls an x86 host whose chip it does not know (a virtual machine that hides
 # the CPUID family and model, a chip newer than LLVM): code for it would use SSE2 only.
-_UNKNOWN_X86_CPUS = frozenset({"", "generic", "x86-64"})
+_UNKNOWN_X86_CPU = "generic"
 # x86-64 psABI levels, highest first: LLVM knows each as a CPU name with its features.
 _X86_LEVELS = ("x86-64-v4", "x86-64-v3", "x86-64-v2")
 
@@ -125,7 +125,7 @@ def host_llvm_cpu() -> str:
 
     name = str(codegen.llvm_get_system_cpu())
     flags = cpu.host_cpuinfo_flags()
-    if name not in _UNKNOWN_X86_CPUS or cpu.host_machine() != "x86_64" or flags is None:
+    if name != _UNKNOWN_X86_CPU or cpu.host_machine() != "x86_64" or flags is None:
         return name
     triple = str(codegen.llvm_get_system_triple())
     level = next((lv for lv in _X86_LEVELS if not _absent_features(lv, triple, flags)), name)

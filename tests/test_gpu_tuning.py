@@ -33,6 +33,10 @@ from tests.cuda_faults import CudaFaultTask, fake_cuda_run, fault_space
 from tests.models import MatMul
 from tests.test_cuda import ARCH, GPU
 
+# Serial (make test's second phase): the fault tests' run time-outs assume the cores are
+# this test's alone.
+pytestmark = pytest.mark.serial
+
 DENSE = {"template": "dense", "inputs": [[[128, 256], "float32"], [[384, 256], "float32"]],
          "attrs": {}}
 

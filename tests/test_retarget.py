@@ -25,6 +25,9 @@ from tecc.api import fused_graph, import_model
 from tecc.cli import main
 from tecc.target import target_info
 
+# Serial (make test's second phase): retargeting picks configs by their measured times.
+pytestmark = pytest.mark.serial
+
 FOREIGN_CONFIGS = 5  # valid foreign configs written per workload
 
 

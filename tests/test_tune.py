@@ -34,6 +34,9 @@ import tecc
 from tests.models import mlp_example
 from tests.util import assert_close
 
+# Serial (make test's second phase): tuning measures real kernels and compares their times.
+pytestmark = pytest.mark.serial
+
 REPO = Path(__file__).resolve().parents[1]
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from tecc.frontend.fast_paths import DECOMPOSITIONS as FAST_PATH_DECOMPOSITIONS
 from tecc.frontend.ir import Call, Constant, Expr, Function, TensorType, Tuple, TupleGetItem, Var
 from tecc.frontend.ops import OPS
 from torch.export import ExportedProgram
@@ -50,13 +51,15 @@ def supported_aten_ops() -> list[str]:
 
 
 def decomposition_table() -> dict:
-    """torch.export's default decompositions less every ATen op that has a converter:
-    an op with a native IR op (hardswish, silu ...) reaches it instead of being
-    rewritten into primitives first."""
+    """torch.export's default decompositions less every ATen op that has a converter
+    (an op with a native IR op, hardswish, silu ..., reaches it instead of being
+    rewritten into primitives first), and with those of the fused ops of torch's
+    transformer fast paths, which torch has none of (frontend/fast_paths.py)."""
     table = torch.export.default_decompositions()
     for aten_op in list(table.keys()):
         if OPS.converter_for(str(aten_op)) is not None:
             del table[aten_op]
+    table.update(FAST_PATH_DECOMPOSITIONS)
     return table
 
 

@@ -128,25 +128,29 @@ def test_multi_head_attention_op_matches_eager(need_weights, average, mask_type)
     assert_close(compiled(x), expected, rtol=1e-4, atol=1e-5)
 
 
+class FusedEncoderLayer(torch.nn.Module):
+    """`layer` run as its fast path runs it (and as Dynamo's graph holds it): the fused
+    op, called by the program itself; a mask given is of `mask_type`."""
+
+    def __init__(self, layer: torch.nn.TransformerEncoderLayer, mask_type: int | None = None):
+        super().__init__()
+        self.layer, self.mask_type = layer, mask_type
+
+    def forward(self, x, mask=None):
+        layer, attn = self.layer, self.layer.self_attn
+        return torch._transformer_encoder_layer_fwd(
+            x, attn.embed_dim, attn.num_heads, attn.in_proj_weight, attn.in_proj_bias,
+            attn.out_proj.weight, attn.out_proj.bias, layer.activation_relu_or_gelu == 2,
+            layer.norm_first, layer.norm1.eps, layer.norm1.weight, layer.norm1.bias,
+            layer.norm2.weight, layer.norm2.bias, layer.linear1.weight, layer.linear1.bias,
+            layer.linear2.weight, layer.linear2.bias, mask,
+            None if mask is None else self.mask_type)
+
+
 def test_an_exported_fast_path_op_is_imported():
     """A program that calls the fused op itself (as a graph from Dynamo does) compiles
     strictly too."""
-    layer = encoder_layer(False, "gelu", seed=5)
-    attn = layer.self_attn
-
-    class Fused(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.layer = layer
-
-        def forward(self, x):
-            return torch._transformer_encoder_layer_fwd(
-                x, D, HEADS, attn.in_proj_weight, attn.in_proj_bias, attn.out_proj.weight,
-                attn.out_proj.bias, True, False, layer.norm1.eps, layer.norm1.weight,
-                layer.norm1.bias, layer.norm2.weight, layer.norm2.bias, layer.linear1.weight,
-                layer.linear1.bias, layer.linear2.weight, layer.linear2.bias, None, None)
-
-    model = Fused().eval()
+    model = FusedEncoderLayer(encoder_layer(False, "gelu", seed=5)).eval()
     x = torch.randn(2, 7, D, generator=torch.Generator().manual_seed(6))
     compiled = tecc.compile(model, (x,))
     with torch.no_grad():

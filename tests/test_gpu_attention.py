@@ -22,6 +22,7 @@ import tecc
 from tecc.cuda_toolchain import compile_cuda
 from tecc.target import resolve_target, target_info
 from tests.test_cuda import ARCH, GPU
+from tests.test_fast_paths import FusedEncoderLayer
 from tests.util import assert_close
 
 INFO = target_info(f"cuda:{ARCH}")
@@ -145,31 +146,15 @@ def test_attention_layer_fuses_its_head_splits_and_matches_torch():
         assert_close(got, expected, rtol=1e-4, atol=1e-5)
 
 
-class _FastPathLayer(torch.nn.Module):
-    """nn.TransformerEncoderLayer's fast path as Dynamo hands it over: the fused op,
-    with a key padding mask (mask type 1)."""
-
-    def __init__(self):
-        super().__init__()
-        self.layer = torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True,
-                                                      activation="gelu")
-
-    def forward(self, x, padding):
-        layer, attn = self.layer, self.layer.self_attn
-        return torch._transformer_encoder_layer_fwd(
-            x, 32, 4, attn.in_proj_weight, attn.in_proj_bias, attn.out_proj.weight,
-            attn.out_proj.bias, True, False, layer.norm1.eps, layer.norm1.weight,
-            layer.norm1.bias, layer.norm2.weight, layer.norm2.bias, layer.linear1.weight,
-            layer.linear1.bias, layer.linear2.weight, layer.linear2.bias, padding, 1)
-
-
 def test_the_encoder_layer_fast_path_runs_in_the_template_and_matches_eager():
     """Decomposed at import (frontend/fast_paths.py), its attention is one template
     kernel on the GPU; a sequence with every key masked gives NaN, as eager's fast path
     does."""
     gen = torch.Generator().manual_seed(8)
     torch.manual_seed(8)
-    model = _FastPathLayer().eval()
+    layer = torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True,
+                                             activation="gelu")
+    model = FusedEncoderLayer(layer, mask_type=1).eval()  # a key padding mask
     x = torch.randn(2, 40, 32, generator=gen)
     padding = torch.rand(2, 40, generator=gen) < 0.3
     padding[0, 0] = False

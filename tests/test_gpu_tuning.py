@@ -33,10 +33,6 @@ from tests.cuda_faults import CudaFaultTask, fake_cuda_run, fault_space
 from tests.models import MatMul
 from tests.test_cuda import ARCH, GPU
 
-# Serial (make test's second phase): the fault tests' run time-outs assume the cores are
-# this test's alone.
-pytestmark = pytest.mark.serial
-
 DENSE = {"template": "dense", "inputs": [[[128, 256], "float32"], [[384, 256], "float32"]],
          "attrs": {}}
 
@@ -86,6 +82,8 @@ def _fault_jobs(tmp_path, faults):
     return [RunJob(p, [a], [((4, 4), "float32")], None, "cuda", "k") for p in paths]
 
 
+# serial: its run time-outs (5-8 s) assume the cores are this test's alone
+@pytest.mark.serial
 def test_gpu_faults_fail_their_candidate_and_replace_the_worker(tmp_path):
     faults = ["none", "illegal_address", "none", "launch_failure", "run_hang", "none",
               "abort", "none"]
@@ -110,6 +108,8 @@ def test_a_cpu_runner_refuses_cuda_jobs(tmp_path):
         runner.run(_fault_jobs(tmp_path, ["none"]))
 
 
+# serial: its run time-outs (5-8 s) assume the cores are this test's alone
+@pytest.mark.serial
 def test_real_cuda_faults_are_recorded_and_the_tuner_goes_on(builder, tmp_path):
     """On a GPU: a kernel that reads 16 GB out of bounds, one that never ends and one
     one step short fail alone; without one, every candidate fails saying so."""

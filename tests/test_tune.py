@@ -34,8 +34,8 @@ import tecc
 from tests.models import mlp_example
 from tests.util import assert_close
 
-# Serial (make test's second phase): tuning measures real kernels and compares their times.
-pytestmark = pytest.mark.serial
+# Not serial: the tuning runs here assert what was measured and written, never how fast,
+# and their runner's 30 s time-out is far above a small dense kernel's time on a busy core.
 
 REPO = Path(__file__).resolve().parents[1]
 

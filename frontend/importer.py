@@ -23,6 +23,7 @@ import torch
 from tecc.frontend.fast_paths import DECOMPOSITIONS as FAST_PATH_DECOMPOSITIONS
 from tecc.frontend.ir import Call, Constant, Expr, Function, TensorType, Tuple, TupleGetItem, Var
 from tecc.frontend.ops import OPS
+from torch._decomp import decomposition_table as torch_decompositions
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 
@@ -50,12 +51,20 @@ def supported_aten_ops() -> list[str]:
     return OPS.aten_targets()
 
 
+# Core ATen ops, which torch.export keeps whole, that tecc imports through torch's own
+# decompositions into ops it converts (vector_norm: abs, pow, sum for any order).
+CORE_OPS_DECOMPOSED = ("aten.linalg_vector_norm.default",)
+
+
 def decomposition_table() -> dict:
-    """torch.export's default decompositions less every ATen op that has a converter
+    """torch.export's default decompositions and those of CORE_OPS_DECOMPOSED, less
+    every ATen op that has a converter
     (an op with a native IR op, hardswish, silu ..., reaches it instead of being
     rewritten into primitives first), and with those of the fused ops of torch's
     transformer fast paths, which torch has none of (frontend/fast_paths.py)."""
     table = torch.export.default_decompositions()
+    table.update({op: fn for op, fn in torch_decompositions.items()
+                  if str(op) in CORE_OPS_DECOMPOSED})
     for aten_op in list(table.keys()):
         if OPS.converter_for(str(aten_op)) is not None:
             del table[aten_op]
@@ -365,15 +374,22 @@ class ImportContext:
             if s.kind == OutputKind.USER_OUTPUT
         ]
         out_exprs = []
+        leaf_indices: list[int | None] = []  # per output leaf: its tensor, or None
         for value in user_outputs:
             expr = self.values[value.name] if isinstance(value, torch.fx.Node) else value
+            if expr is None:  # (hidden_states, None): torch.export keeps the None a leaf
+                leaf_indices.append(None)
+                continue
             if not isinstance(expr, Expr):
                 raise ImportError_(f"model output {value!r} is not a tensor")
+            leaf_indices.append(len(out_exprs))
             out_exprs.append(expr)
+        if not out_exprs:
+            raise ImportError_("the model returns no tensor")
         body = out_exprs[0] if len(out_exprs) == 1 else Tuple(out_exprs)
         func = Function(params, body)
         names = [f"output{i}" for i in range(len(out_exprs))]
-        structure = treespec_to_structure(ep.call_spec.out_spec, iter(range(len(out_exprs))))
+        structure = treespec_to_structure(ep.call_spec.out_spec, iter(leaf_indices))
         for i, key in _leaf_names(structure):
             names[i] = key
         outputs = [TensorSpec(n, e.shape, e.dtype) for n, e in zip(names, out_exprs, strict=True)]
@@ -467,8 +483,9 @@ def _has_expr(args: list, kwargs: dict) -> bool:
 
 def treespec_to_structure(spec: Any, leaves) -> dict:
     """Turn a torch pytree TreeSpec into plan.md's output_structure (plain JSON)."""
-    if spec.is_leaf():
-        return {"kind": "tensor", "index": next(leaves)}
+    if spec.is_leaf():  # a tensor's index among the outputs, or None for a None leaf
+        index = next(leaves)
+        return {"kind": "none"} if index is None else {"kind": "tensor", "index": index}
     items = [treespec_to_structure(child, leaves) for child in spec.children()]
     node_type = spec.type
     if isinstance(spec.context, dict) and spec.context.get("_t") == "obj":

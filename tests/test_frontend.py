@@ -89,6 +89,27 @@ def test_import_records_inputs_outputs_and_source_lines():
     assert any("models.py" in (c.span or "") for c in calls)
 
 
+class WithNoneOutputs(torch.nn.Module):
+    """transformers' models with return_dict=False give (hidden, None) where an optional
+    output is off; torch.export keeps each None as a leaf of the output."""
+
+    def forward(self, x):
+        return torch.tanh(x), None, {"scaled": x * 3, "absent": None}
+
+
+def test_none_outputs_keep_their_place_in_the_output():
+    import tecc
+
+    x = torch.randn(3, 5, generator=torch.Generator().manual_seed(2))
+    imported = from_torch(WithNoneOutputs(), (x,))
+    assert len(imported.outputs) == 2  # the tensors alone
+    got = tecc.compile(WithNoneOutputs(), (x,))(x)
+    expected = WithNoneOutputs()(x)
+    assert got[1] is None and got[2]["absent"] is None and set(got[2]) == {"scaled", "absent"}
+    torch.testing.assert_close(got[0], expected[0])
+    torch.testing.assert_close(got[2]["scaled"], expected[2]["scaled"])
+
+
 class TwoUnsupported(torch.nn.Module):
     def forward(self, x):
         a = torch.cumprod(x, dim=1)

@@ -62,6 +62,15 @@ CASES = {
     "conv2d": (None, [(1, 3, 13, 11)], [(2, 3, 16, 16)]),
     "batch_norm": (None, [(2, 6, 7, 9)], [(1, 6, 4, 4)]),
     "layer_norm": (None, [(3, 24)], [(2, 5, 24)]),
+    # NCHW (PoolFormer, U-Nets) and NCL (wav2vec2's feature encoder, one channel a group)
+    "group_norm": (None, [(2, 12, 5, 7)], [(3, 8, 33)]),
+    "var_mean": (lambda x: torch.var_mean(x, -1, keepdim=True)[0] * torch.var_mean(x, (0, 1))[1],
+                 [(3, 4, 9)], [(2, 5, 17)]),
+    # F.normalize (Swin v2's cosine attention, CLIP's embeddings), ConvNeXt v2's global
+    # response norm, and other orders
+    "vector_norm": (lambda x: F.normalize(x, dim=-1) + torch.linalg.vector_norm(
+        x, dim=(1, 2), keepdim=True) + torch.linalg.vector_norm(x, ord=1, dim=-1, keepdim=True)
+        + torch.linalg.vector_norm(x, ord=float("inf")) + x.norm(), [(2, 3, 8)], [(1, 6, 5)]),
     "softmax": (lambda x: torch.softmax(x, -1) + torch.log_softmax(x, 1), [(3, 17)],
                 [(2, 4, 9)]),
     # pooling and reductions
@@ -84,6 +93,11 @@ CASES = {
     "mean_sum_amax": (lambda x: x.mean(-1) + x.sum(1) + x.amax(-1), [(3, 5, 5)],
                       [(2, 7, 7)]),
     "var": (lambda x: x.var(-1, keepdim=True) + x, [(3, 9)], [(2, 4, 17)]),
+    "argmax_argmin": (lambda x: (x.argmax(-1) * 3 + x.argmin(2, keepdim=True).squeeze(-1)
+                                 + x.argmax(1, keepdim=True).sum(-1) + x.argmax()
+                                 - x.argmin(0)[:1, :1]), [(3, 5, 7)], [(2, 9, 4)]),
+    "log1p": (lambda x: torch.log1p(x.abs() * 1e-9) * 1e9 + torch.log1p(x.abs()), [(4, 33)],
+              [(2, 17)]),
     # data movement
     "view_permute": (lambda x: x.view(x.shape[0], -1, 2).permute(2, 0, 1).contiguous() * 2,
                      [(3, 4, 6)], [(2, 10)]),
@@ -91,6 +105,12 @@ CASES = {
                          [(4, 5)], [(7, 2)]),
     "slice_select": (lambda x: x[:, 1:4] * x[:, 0:1] + x[:, ::2][:, :3] + x.select(1, 2)
                      .unsqueeze(1), [(3, 7)], [(2, 9)]),
+    # writes into slices (torch.export makes them slice_scatter): a range, a step, the
+    # last axis
+    "slice_scatter": (lambda x, y: torch.slice_scatter(x, y[:, :2] * 2, 1, 1, 3)
+                      + torch.slice_scatter(x, y[:, 1:4], 1, 0, None, 2)
+                      + torch.slice_scatter(x, y[..., :1] + 1, -1, -2, -1), [(3, 6, 4), (3, 6, 4)],
+                      [(2, 5, 3), (2, 5, 3)]),
     "cat_split": (lambda x, y: torch.cat([x, y * 2], 1).split([2, 5], 1)[1] + 1,
                   [(3, 3), (3, 4)], [(2, 2), (2, 5)]),
     "flatten_squeeze": (lambda x: x.flatten(1).unsqueeze(1).squeeze(1) * 3, [(2, 3, 4)],
@@ -107,8 +127,17 @@ CASES = {
     # TensorFlow's "same" padding before a conv (HF's MobileNetV2): the pad folds into it
     "pad_then_conv": (None, [(1, 3, 9, 8)], [(2, 3, 12, 7)]),
     "conv1d": (None, [(1, 6, 20)], [(2, 6, 33)]),
+    # upsampling by 2 (DPT, U-Nets), odd kernels with output_padding, groups, dilation,
+    # padding past the kernel (a crop), 1-d
+    "conv_transpose": (None, [(1, 8, 6, 5)], [(2, 8, 7, 7)]),
+    "conv_transpose1d": (None, [(1, 6, 9)], [(2, 6, 16)]),
     "gather": (lambda x, i: torch.gather(x, 1, i) * 2 + torch.gather(x, 0, i[:2, :3] // 4).sum(),
                [(2, 5, 6), (2, 4, 6)], [(3, 7, 2), (3, 9, 2)]),
+    # computed indices: CLIP's pooled token (one per row, at its argmax), an index of
+    # one axis, negative indices
+    "index_computed": (lambda x, i: x[torch.arange(x.shape[0]), (i * 3).argmax(-1)] * 2
+                       + x[((i > 0).long().sum(-1) - 1).clamp(max=x.shape[0] - 1)].sum(1),
+                       [(3, 5, 4), (3, 5)], [(2, 7, 3), (2, 7)]),
     "cumsum": (lambda x, i: torch.cumsum(x, 1) * 2 + x.cumsum(-1) - (
         torch.cumsum(i.ne(1).int(), dim=-1) * i.ne(1)).sum(), [(2, 5, 6), (2, 6)],
         [(3, 9), (3, 9)]),
@@ -137,6 +166,22 @@ def build_case(name: str, shapes: list[tuple[int, ...]]):
         module.weight.data.normal_(generator=gen)
     elif name == "layer_norm":
         module = torch.nn.LayerNorm(shapes[0][-1])
+        module.weight.data.normal_(generator=gen)
+        module.bias.data.normal_(generator=gen)
+    elif name == "conv_transpose":
+        module = torch.nn.Sequential(
+            torch.nn.ConvTranspose2d(8, 6, 2, stride=2),
+            torch.nn.ConvTranspose2d(6, 4, 3, stride=2, padding=1, output_padding=1, groups=2),
+            torch.nn.ConvTranspose2d(4, 5, 3, stride=(1, 2), dilation=2, padding=(0, 1)),
+            torch.nn.ConvTranspose2d(5, 3, 1, padding=1, bias=False))
+    elif name == "conv_transpose1d":
+        module = torch.nn.Sequential(torch.nn.ConvTranspose1d(6, 8, 4, stride=2, padding=1),
+                                     torch.nn.ConvTranspose1d(8, 5, 3, stride=3,
+                                                              output_padding=2))
+    elif name == "group_norm":
+        channels = shapes[0][1]
+        module = torch.nn.GroupNorm(4 if channels % 4 == 0 and channels != 8 else channels,
+                                    channels)
         module.weight.data.normal_(generator=gen)
         module.bias.data.normal_(generator=gen)
     elif name == "pad_then_conv":
@@ -182,6 +227,28 @@ def test_ops_with_a_converter_import_natively(activation, op):
     with torch.no_grad():
         expected = model(x)
     assert_close(tecc.compile(model, (x,))(x), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_argmax_takes_the_first_of_ties_and_a_nan_as_torch_does():
+    """Ties give the lowest index; a NaN is the largest value and the smallest (argmax
+    and argmin both give the first NaN of a row); integers too."""
+    x = torch.tensor([[1.0, 3.0, 3.0, -2.0, -2.0], [float("nan"), 5.0, float("nan"), 0.0, 9.0],
+                      [0.5, float("-inf"), float("inf"), float("inf"), float("-inf")]])
+    model = Lambda(lambda x: torch.stack([x.argmax(-1), x.argmin(-1), x.argmax(0)[:3],
+                                          x.argmin(0)[:3]]))
+    assert torch.equal(tecc.compile(model, (x,))(x), model(x))
+    ints = torch.tensor([[4, 7, 7, 1], [2, 2, 0, 0]], dtype=torch.int32)
+    model = Lambda(lambda i: i.argmax(-1) * 10 + i.argmin(-1))
+    assert torch.equal(tecc.compile(model, (ints,))(ints), model(ints))
+
+
+def test_group_norm_keeps_its_per_group_statistics():
+    """native_group_norm's mean and 1/std outputs, as torch computes them."""
+    x = randn(2, 6, 4, 5, seed=3) * 3 + 1
+    weight, bias = randn(6, seed=4), randn(6, seed=5)
+    model = Lambda(lambda x: torch.ops.aten.native_group_norm(x, weight, bias, 2, 6, 20, 3, 1e-5))
+    for got, expected in zip(tecc.compile(model, (x,))(x), model(x), strict=True):
+        assert_close(got, expected, rtol=1e-4, atol=1e-5)
 
 
 def test_constant_exponents_are_multiplications_and_roots():

@@ -107,6 +107,8 @@ _UNARY: list[tuple[str, str | None, Callable, Callable]] = [
     ("abs", "abs", _per_element(lambda x, d: tir.abs(x), "abs"), np.abs),
     ("exp", "exp", _on_tensor(exp_of), np.exp),
     ("log", "log", _per_element(lambda x, d: tir.log(x), "log"), np.log),
+    # log(1 + x) loses every digit of x below float epsilon; libm's log1p keeps them
+    ("log1p", "log1p", _per_element(lambda x, d: tir.log1p(x), "log1p"), np.log1p),
     ("sqrt", "sqrt", _per_element(lambda x, d: tir.sqrt(x), "sqrt"), np.sqrt),
     ("rsqrt", "rsqrt", _per_element(lambda x, d: _c(1.0, d) / tir.sqrt(x), "rsqrt"),
      lambda x: x.dtype.type(1) / np.sqrt(x)),

@@ -220,13 +220,15 @@ OPS.register("nn.conv2d", _conv2d_rel, Pattern.OUT_ELEMWISE_FUSABLE, 2,
 
 @OPS.converter("aten.convolution.default")
 def _convert_convolution(ctx: ImportContext, node, args, kwargs):
-    x, w, b, stride, padding, dilation, transposed, _output_padding, groups = args
-    if transposed or len(x.shape) not in (3, 4):
-        kind = "transposed" if transposed else f"{len(x.shape) - 2}-d"
-        raise ctx.unsupported(f"aten.convolution ({kind})")
+    x, w, b, stride, padding, dilation, transposed, output_padding, groups = args
+    if len(x.shape) not in (3, 4):
+        raise ctx.unsupported(f"aten.convolution ({len(x.shape) - 2}-d)")
+    if transposed and not isinstance(w, Constant):
+        raise ctx.error("a transposed conv of computed weights is not supported")
     spatial = len(x.shape) - 2
-    stride, padding, dilation = (tuple(v) * (spatial if len(v) == 1 else 1)
-                                 for v in (stride, padding, dilation))
+    stride, padding, dilation, output_padding = (
+        tuple(v) * (spatial if len(v) == 1 else 1)
+        for v in (stride, padding, dilation, output_padding))
     if spatial == 1:  # a 1-d conv is a 2-d one over rows of height 1
         length = x.shape[2]
         x = ctx.call("reshape", x, newshape=(x.shape[0], x.shape[1], 1, length))
@@ -234,8 +236,14 @@ def _convert_convolution(ctx: ImportContext, node, args, kwargs):
         w = (Constant(w.data.reshape(kernel_shape)) if isinstance(w, Constant)
              else ctx.call("reshape", w, newshape=kernel_shape))
         stride, padding, dilation = (1, *stride), (0, *padding), (1, *dilation)
-    pads = (padding[0], padding[1], padding[0], padding[1])
-    x, pads = _fold_zero_pad(x, pads)
+        output_padding = (0, *output_padding)
+    if transposed:
+        x, w, pads = _transposed_as_conv(ctx, x, w, stride, padding, dilation,
+                                         output_padding, groups)
+        stride = (1, 1)
+    else:
+        pads = (padding[0], padding[1], padding[0], padding[1])
+        x, pads = _fold_zero_pad(x, pads)
     out = ctx.call("nn.conv2d", x, w, strides=tuple(stride), padding=pads,
                    dilation=tuple(dilation), groups=groups)
     if b is not None:
@@ -243,6 +251,38 @@ def _convert_convolution(ctx: ImportContext, node, args, kwargs):
     if len(ctx.out_shape()) == 3:
         out = ctx.call("reshape", out, newshape=ctx.out_shape())
     return out
+
+
+def _transposed_as_conv(ctx: ImportContext, x: Expr, w: Constant, stride: tuple[int, ...],
+                        padding: tuple[int, ...], dilation: tuple[int, ...],
+                        output_padding: tuple[int, ...], groups: int
+                        ) -> tuple[Expr, Constant, tuple[int, int, int, int]]:
+    """A transposed conv (ConvTranspose2d: DPT's and U-Nets' upsampling) as the direct
+    conv it equals, so that it runs in the conv templates: stride - 1 zeros after each
+    input row and column, the input padded by dilation * (k - 1) - padding on each
+    side (output_padding more after; a negative pad crops), and the kernel with its
+    input and output channels swapped within each group and flipped in space. The
+    conv then multiplies the inserted zeros too: stride^2 times a direct conv's work."""
+    n, cin, height, width = x.shape
+    if stride[0] > 1 or stride[1] > 1:
+        x = ctx.call("reshape", x, newshape=(n, cin, height, 1, width, 1))
+        x = ctx.call("pad", x, before=(0,) * 6,
+                     after=(0, 0, 0, stride[0] - 1, 0, stride[1] - 1), value=0.0)
+        x = ctx.call("reshape", x, newshape=(n, cin, height * stride[0], width * stride[1]))
+    kernel = w.data.shape[2:]
+    before = [d * (k - 1) - p for d, k, p in zip(dilation, kernel, padding, strict=True)]
+    # the zeros after the last row and column are some of the padding after
+    after = [b + o - (s - 1) for b, o, s in zip(before, output_padding, stride, strict=True)]
+    if min(*before, *after) < 0:
+        x = ctx.call("pad", x, before=(0, 0, *(min(v, 0) for v in before)),
+                     after=(0, 0, *(min(v, 0) for v in after)), value=0.0)
+    before, after = [max(v, 0) for v in before], [max(v, 0) for v in after]
+    cout = w.data.shape[1] * groups
+    per_group = w.data.reshape(groups, cin // groups, cout // groups, *kernel)
+    kernel_of_conv = per_group.transpose(0, 2, 1, 3, 4)[..., ::-1, ::-1].reshape(
+        cout, cin // groups, *kernel)
+    return x, Constant(np.ascontiguousarray(kernel_of_conv)), (before[0], before[1],
+                                                               after[0], after[1])
 
 
 def _fold_zero_pad(x: Expr, pads: tuple[int, int, int, int]
@@ -945,6 +985,30 @@ def _convert_layer_norm(ctx: ImportContext, node, args, kwargs):
     w = ctx.expr(w) if w is not None else ctx.const(np.ones(c), x.dtype)
     b = ctx.expr(b) if b is not None else ctx.const(np.zeros(c), x.dtype)
     return (ctx.call("nn.layer_norm", x, w, b, epsilon=float(eps)), None, None)
+
+
+@OPS.converter("aten.native_group_norm.default")
+def _convert_group_norm(ctx: ImportContext, node, args, kwargs):
+    """Group norm as the ops it is: the channels split into groups, each group's mean
+    and biased variance over its channels and positions, then the per-channel affine
+    (wav2vec2's feature encoder, PoolFormer, diffusion U-Nets). The fused kernels read
+    each group twice, as layer norm's do."""
+    x, w, b, n, c, _hw, groups, eps = args
+    x = ctx.expr(x)
+    shape = tuple(x.shape)
+    grouped = ctx.call("reshape", x, newshape=(n, groups, x.tensor_type.size // (n * groups)))
+    mean = ctx.call("mean", grouped, axis=(2,), keepdims=True)
+    var = ctx.call("variance", grouped, axis=(2,), keepdims=True, correction=0)
+    rstd = ctx.call("rsqrt", ctx.call("add", var, ctx.const(float(eps), x.dtype)))
+    normed = ctx.call("multiply", ctx.call("subtract", grouped, mean), rstd)
+    out = ctx.call("reshape", normed, newshape=shape)
+    per_channel = (c,) + (1,) * (len(shape) - 2)
+    if w is not None:
+        out = ctx.call("multiply", out, ctx.call("reshape", ctx.expr(w), newshape=per_channel))
+    if b is not None:
+        out = ctx.call("add", out, ctx.call("reshape", ctx.expr(b), newshape=per_channel))
+    return (out, ctx.call("reshape", mean, newshape=(n, groups)),
+            ctx.call("reshape", rstd, newshape=(n, groups)))
 
 
 # ---------------------------------------------------------------- image.resize2d

@@ -234,6 +234,45 @@ def _convert_var(ctx: ImportContext, node, args, kwargs):
     return ctx.call("variance", args[0], axis=axis, keepdims=keepdim, correction=int(correction))
 
 
+@OPS.converter("aten.var_mean.correction")
+def _convert_var_mean(ctx: ImportContext, node, args, kwargs):
+    variance = _convert_var(ctx, node, args, kwargs)
+    dims = args[1] if len(args) > 1 else kwargs.get("dim")
+    mean = ctx.call("mean", ctx.expr(args[0]), axis=None if not dims else tuple(dims),
+                    keepdims=kwargs.get("keepdim", False))
+    return (variance, mean)
+
+
+@OPS.converter("aten.argmax.default", "aten.argmin.default")
+def _convert_arg_extreme(ctx: ImportContext, node, args, kwargs):
+    """argmax / argmin as reductions every schedule knows: the row's max (min), then
+    the lowest index holding it, a min over the indices where the row equals it and
+    the row's length elsewhere. A NaN counts as the largest value and the smallest, as
+    in torch: the max of a row with one is NaN, which only the NaN positions match."""
+    x = ctx.expr(args[0])
+    dim = args[1] if len(args) > 1 else kwargs.get("dim")
+    keepdim = bool(args[2] if len(args) > 2 else kwargs.get("keepdim", False))
+    if dim is None:  # over the flattened tensor
+        x = ctx.call("reshape", x, newshape=(x.tensor_type.size,))
+        dim = 0
+    dim %= max(len(x.shape), 1)
+    if not x.shape:
+        return ctx.const(0, "int64")
+    extreme = ctx.call("max" if "argmax" in str(node.target) else "min", x, axis=(dim,),
+                       keepdims=True)
+    hit = ctx.call("equal", x, extreme)
+    if is_float_dtype(x.dtype):
+        # a NaN hits (x >= -inf fails for NaN alone; TVM folds x != x to false)
+        hit = ctx.call("where", ctx.call("greater_equal", x, ctx.const(-np.inf, x.dtype)),
+                       hit, ctx.const(True, "bool"))
+    n = x.shape[dim]
+    index = np.arange(n, dtype="int64").reshape((n,) + (1,) * (len(x.shape) - dim - 1))
+    candidates = ctx.call("where", hit, ctx.const(index, "int64"), ctx.const(n, "int64"))
+    out = ctx.call("min", candidates, axis=(dim,), keepdims=keepdim)
+    return out if len(ctx.out_shape()) == len(out.shape) else ctx.call(
+        "reshape", out, newshape=ctx.out_shape())
+
+
 @OPS.converter("aten.cumsum.default")
 def _convert_cumsum(ctx: ImportContext, node, args, kwargs):
     """cumsum along `dim` of extent n as a sum over a masked copy: out[i] = sum over k

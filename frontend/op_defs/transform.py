@@ -96,18 +96,39 @@ def _convert_index_select(ctx: ImportContext, node, args, kwargs):
 
 @OPS.converter("aten.index.Tensor")
 def _convert_index(ctx: ImportContext, node, args, kwargs):
-    """Advanced indexing by constant index tensors on leading axes: one `take`
-    over the flattened indexed axes with the flat indices folded now."""
+    """Advanced indexing by integer index tensors on leading axes: one `take` over
+    the flattened indexed axes. Constant indices are folded into flat ones now;
+    computed ones (CLIP's pooled token, x[arange(n), ids.argmax(-1)]) are combined by
+    the graph: each made non-negative, times its axis's stride, summed (take clamps
+    the sum, so an index out of range reads a bound, never past the tensor; a model
+    input indexing one axis alone is checked before each run, as for embeddings, one
+    of several is not)."""
     x, indices = args
     k = len(indices)
-    if any(not isinstance(i, Constant) for i in indices) or k > len(x.shape):
-        raise ctx.error("indexing with computed index tensors is not supported")
+    if any(i is None for i in indices) or k > len(x.shape):
+        raise ctx.error("advanced indexing after a sliced axis (x[:, i]) is not supported")
     lead = x.shape[:k]
-    grids = np.broadcast_arrays(*[np.asarray(i.data) % d for i, d in zip(indices, lead,
-                                                                           strict=True)])
-    flat = np.ravel_multi_index(tuple(grids), lead).astype("int64")
     merged = ctx.call("reshape", x, newshape=(int(np.prod(lead)),) + x.shape[k:])
-    return ctx.call("take", merged, Constant(flat), axis=0)
+    if all(isinstance(i, Constant) for i in indices):
+        grids = np.broadcast_arrays(*[np.asarray(i.data) % d for i, d in zip(indices, lead,
+                                                                               strict=True)])
+        flat = np.ravel_multi_index(tuple(grids), lead).astype("int64")
+        return ctx.call("take", merged, Constant(flat), axis=0)
+    if any(i.dtype == "bool" for i in indices):
+        raise ctx.error("indexing by a boolean mask is not supported (its result's shape "
+                        "depends on the data)")
+    if k == 1:  # take's own index: an input indexing directly is checked before a run
+        return ctx.call("take", merged, ctx.expr(indices[0]), axis=0)
+    strides = [int(np.prod(lead[j + 1:])) for j in range(k)]
+    flat = None
+    for index, dim, stride in zip(indices, lead, strides, strict=True):
+        index = ctx.cast(ctx.expr(index), "int64")
+        index = ctx.call("where", ctx.call("less", index, ctx.const(0, "int64")),
+                         ctx.call("add", index, ctx.const(dim, "int64")), index)
+        if stride != 1:
+            index = ctx.call("multiply", index, ctx.const(stride, "int64"))
+        flat = index if flat is None else ctx.call("add", flat, index)
+    return ctx.call("take", merged, flat, axis=0)
 
 
 # ---------------------------------------------------------------- reshape
@@ -266,6 +287,40 @@ def _convert_slice(ctx: ImportContext, node, args, kwargs):
         return x
     return ctx.call("strided_slice", x, begin=(start,), end=(end,), strides=(step,),
                     axes=(dim,))
+
+
+@OPS.converter("aten.slice_scatter.default")
+def _convert_slice_scatter(ctx: ImportContext, node, args, kwargs):
+    """x with x[start:end:step] along `dim` replaced by src (Funnel's relative
+    positions, in-place writes into a slice): src spread to x's extent along dim by a
+    pad (and zeros between its rows for a step), then a select by a constant mask."""
+    x, src = ctx.expr(args[0]), ctx.expr(args[1])
+    dim = (args[2] if len(args) > 2 else kwargs.get("dim", 0)) % len(x.shape)
+    start = args[3] if len(args) > 3 else kwargs.get("start")
+    end = args[4] if len(args) > 4 else kwargs.get("end")
+    step = args[5] if len(args) > 5 else kwargs.get("step", 1)
+    n = x.shape[dim]
+    start, end, step = slice(start, end, step).indices(n)
+    positions = np.arange(n)[start:end:step]
+    src = ctx.cast(src, x.dtype)
+    if len(positions) == 0:
+        return x
+    if step > 1:  # step - 1 zeros after each row of src
+        rows = src.shape[dim]
+        src = ctx.call("reshape", src, newshape=(*src.shape[:dim + 1], 1, *src.shape[dim + 1:]))
+        src = ctx.call("pad", src, before=(0,) * len(src.shape),
+                       after=tuple(step - 1 if a == dim + 1 else 0 for a in range(len(src.shape))),
+                       value=0.0)
+        src = ctx.call("reshape", src, newshape=(*x.shape[:dim], rows * step, *x.shape[dim + 1:]))
+    before = [0] * len(x.shape)
+    after = [0] * len(x.shape)
+    before[dim] = int(positions[0])
+    after[dim] = n - before[dim] - src.shape[dim]  # negative: crops the last step's zeros
+    placed = ctx.call("pad", src, before=tuple(before), after=tuple(after), value=0.0)
+    mask = np.zeros(n, dtype=bool)
+    mask[positions] = True
+    mask = mask.reshape((n,) + (1,) * (len(x.shape) - dim - 1))
+    return ctx.call("where", ctx.const(mask, "bool"), placed, x)
 
 
 @OPS.converter("aten.select.int")

@@ -159,6 +159,29 @@ def _t5_encoder():
         ids, torch.ones_like(ids))
 
 
+def _clip():
+    import transformers
+
+    cfg = transformers.CLIPConfig(
+        text_config=dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
+                         intermediate_size=1024, vocab_size=1000),
+        vision_config=dict(hidden_size=384, num_hidden_layers=4, num_attention_heads=6,
+                           intermediate_size=1536, image_size=IMAGE, patch_size=32))
+    ids = _ids(1000, 16)
+    return _Outputs(transformers.CLIPModel(cfg), ("input_ids", "pixel_values", "attention_mask"),
+                    return_dict=False), (ids, _image()[0], torch.ones_like(ids))
+
+
+def _wav2vec2():
+    import transformers
+
+    cfg = transformers.Wav2Vec2Config(hidden_size=256, num_hidden_layers=4,
+                                      num_attention_heads=4, intermediate_size=1024)
+    audio = torch.randn(1, 16000, generator=torch.Generator().manual_seed(0))
+    return _Outputs(transformers.Wav2Vec2Model(cfg), ("input_values",), return_dict=False), (
+        audio,)
+
+
 SMALL_TEXT = dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
                   intermediate_size=1024, max_position_embeddings=128)
 SMALL_DECODER = dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
@@ -226,6 +249,27 @@ ZOO = [
              _text("LlamaModel", "LlamaConfig", 1000, use_cache=False, **SMALL_DECODER)),
     ZooModel("qwen2", "decoder", "hidden 256, 4 layers, GQA 4/2 heads, use_cache=False",
              _text("Qwen2Model", "Qwen2Config", 1000, use_cache=False, **SMALL_DECODER)),
+    # transposed convs, group norms, vector norms, computed indices, a selective scan
+    ZooModel("convnextv2", "CNN (global response norm)",
+             "depths 2-2-4-2, widths 48-96-192-384 (tiny: 3-3-9-3, 96-768)",
+             _vision("ConvNextV2Model", "ConvNextV2Config", depths=[2, 2, 4, 2],
+                     hidden_sizes=[48, 96, 192, 384])),
+    ZooModel("poolformer", "CNN (group norms, pooling)", "default (PoolFormer-S12)",
+             _vision("PoolFormerModel", "PoolFormerConfig")),
+    ZooModel("swinv2", "ViT (windows, cosine attention)", "embed 48, depths 2-2-2-2, "
+             "heads 3-6-12-24", _vision("Swinv2Model", "Swinv2Config", embed_dim=48,
+                                        depths=[2, 2, 2, 2], num_heads=[3, 6, 12, 24])),
+    ZooModel("dpt", "ViT (depth, transposed convs)", "hidden 384, 6 layers, 224",
+             _vision("DPTForDepthEstimation", "DPTConfig", **dict(
+                 SMALL_VIT, backbone_out_indices=[1, 3, 4, 5]))),
+    ZooModel("clip", "text + vision encoders", "text hidden 256, 4 layers, 16 tokens; "
+             "vision hidden 384, 4 layers, patch 32", _clip),
+    ZooModel("wav2vec2", "encoder (audio, conv features)", "hidden 256, 4 layers, 1 s of "
+             "16 kHz", _wav2vec2),
+    ZooModel("mamba", "decoder (selective scan)", "hidden 256, 4 layers, state 16, "
+             "sequence 64", _text("MambaModel", "MambaConfig", 1000, mask=False,
+                                  hidden_size=256, num_hidden_layers=4, state_size=16,
+                                  use_cache=False)),
 ]
 
 

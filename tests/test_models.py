@@ -114,3 +114,60 @@ def test_efficientnet_blocks_match_eager():
         expected = model(x)
     assert expected.shape == (2, 128)
     assert_close(compiled(x), expected, rtol=1e-4, atol=1e-5)
+
+
+def _transformers_model(name: str):
+    """Tiny configs of transformers architectures that need the importer's group
+    norms, transposed convs, vector norms, argmax with computed indices and None
+    outputs (random weights, nothing downloaded)."""
+    import transformers
+
+    gen = torch.Generator().manual_seed(12)
+    image = torch.randn(1, 3, 64, 64, generator=gen)
+    if name == "wav2vec2":  # group norm in its conv feature encoder
+        cfg = transformers.Wav2Vec2Config(hidden_size=32, num_hidden_layers=1,
+                                          num_attention_heads=2, intermediate_size=64,
+                                          conv_dim=(16, 16), conv_stride=(5, 2),
+                                          conv_kernel=(10, 3), num_conv_pos_embeddings=16)
+        return transformers.Wav2Vec2Model(cfg), ("input_values",), (
+            torch.randn(1, 800, generator=gen),)
+    if name == "poolformer":  # group norms; (hidden, None) out
+        cfg = transformers.PoolFormerConfig(depths=[1, 1, 1, 1], hidden_sizes=[8, 16, 16, 32])
+        return transformers.PoolFormerModel(cfg), ("pixel_values",), (image,)
+    if name == "dpt":  # transposed convs upsampling the reassembled tokens
+        cfg = transformers.DPTConfig(hidden_size=32, num_hidden_layers=4, num_attention_heads=2,
+                                     intermediate_size=64, image_size=64, patch_size=16,
+                                     neck_hidden_sizes=[8, 16, 16, 32], fusion_hidden_size=16,
+                                     head_hidden_size=8, backbone_out_indices=[0, 1, 2, 3])
+        return transformers.DPTForDepthEstimation(cfg), ("pixel_values",), (image,)
+    if name == "clip":  # the pooled token at each text's argmax; normalized embeddings
+        cfg = transformers.CLIPConfig(
+            text_config=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                             intermediate_size=64, vocab_size=100),
+            vision_config=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                               intermediate_size=64, image_size=64, patch_size=16))
+        ids = torch.randint(0, 100, (2, 7), generator=gen)
+        return transformers.CLIPModel(cfg), ("input_ids", "pixel_values"), (
+            ids, torch.randn(2, 3, 64, 64, generator=gen))
+    raise KeyError(name)
+
+
+class _Positional(torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, names: tuple[str, ...]) -> None:
+        super().__init__()
+        self.model, self.names = model, names
+
+    def forward(self, *inputs):
+        return self.model(**dict(zip(self.names, inputs, strict=True)), return_dict=False)
+
+
+@pytest.mark.parametrize("name", ["clip", "dpt", "poolformer", "wav2vec2"])
+def test_transformers_architectures_match_eager(name):
+    model, names, inputs = _transformers_model(name)
+    model = _Positional(model.eval(), names)
+    with torch.no_grad():
+        expected = model(*inputs)
+    got = tecc.compile(model, inputs)(*inputs)
+    error = max_rel_error(got, expected)
+    MODEL_ERRORS[f"transformers {name}"] = error
+    assert error < 1e-4, f"{name}: max relative error {error:.2e}"

@@ -242,6 +242,18 @@ def test_argmax_takes_the_first_of_ties_and_a_nan_as_torch_does():
     assert torch.equal(tecc.compile(model, (ints,))(ints), model(ints))
 
 
+def test_a_transposed_conv_spreads_inf_and_nan_only_where_torch_does():
+    """The inserted zeros are zeros, not an input times 0: an inf or a NaN reaches the
+    outputs its kernel window covers, as in torch, and no others."""
+    model = torch.nn.ConvTranspose2d(3, 4, 3, stride=2, padding=1, output_padding=1).eval()
+    x = randn(1, 3, 6, 6, seed=8)
+    x[0, 0, 1, 2], x[0, 2, 4, 4] = float("inf"), float("nan")
+    with torch.no_grad():
+        expected = model(x)
+    assert expected.isfinite().sum() > expected.numel() // 2  # most outputs stay finite
+    assert_close(tecc.compile(model, (x,))(x), expected, rtol=1e-4, atol=1e-5)
+
+
 def test_group_norm_keeps_its_per_group_statistics():
     """native_group_norm's mean and 1/std outputs, as torch computes them."""
     x = randn(2, 6, 4, 5, seed=3) * 3 + 1

@@ -263,12 +263,17 @@ def _transposed_as_conv(ctx: ImportContext, x: Expr, w: Constant, stride: tuple[
     side (output_padding more after; a negative pad crops), and the kernel with its
     input and output channels swapped within each group and flipped in space. The
     conv then multiplies the inserted zeros too: stride^2 times a direct conv's work."""
-    n, cin, height, width = x.shape
+    _n, cin, height, width = x.shape
     if stride[0] > 1 or stride[1] > 1:
-        x = ctx.call("reshape", x, newshape=(n, cin, height, 1, width, 1))
-        x = ctx.call("pad", x, before=(0,) * 6,
-                     after=(0, 0, 0, stride[0] - 1, 0, stride[1] - 1), value=0.0)
-        x = ctx.call("reshape", x, newshape=(n, cin, height * stride[0], width * stride[1]))
+        # each input row and column repeated stride times (takes of constant indices),
+        # then zeros selected where a repeat is: a select, not a pad's if_then_else,
+        # whose modular bounds TIR's loop partitioning failed on (a 4x4 input upsampled
+        # by 4); zeros, not products with a 0/1 mask, keep an inf from spreading
+        rows, cols = np.arange(height * stride[0]), np.arange(width * stride[1])
+        x = ctx.call("take", x, ctx.const(rows // stride[0], "int64"), axis=2)
+        x = ctx.call("take", x, ctx.const(cols // stride[1], "int64"), axis=3)
+        kept = (rows % stride[0] == 0)[:, None] & (cols % stride[1] == 0)[None, :]
+        x = ctx.call("where", ctx.const(kept, "bool"), x, ctx.const(0.0, x.dtype))
     kernel = w.data.shape[2:]
     before = [d * (k - 1) - p for d, k, p in zip(dilation, kernel, padding, strict=True)]
     # the zeros after the last row and column are some of the padding after

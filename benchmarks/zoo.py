@@ -44,6 +44,7 @@ from benchmarks.common import (  # noqa: E402
 )
 from benchmarks.e2e_cpu import onnxruntime_session  # noqa: E402
 from tecc.target import target_info  # noqa: E402
+from tests.models import ByPosition  # noqa: E402
 from tests.util import max_rel_error  # noqa: E402
 
 IMAGE = 224
@@ -64,20 +65,6 @@ def _image(size: int = IMAGE, channels: int = 3) -> tuple[torch.Tensor]:
 
 def _ids(vocab: int, seq: int = SEQ) -> torch.Tensor:
     return torch.randint(0, vocab, (1, seq), generator=torch.Generator().manual_seed(0))
-
-
-class _Outputs(torch.nn.Module):
-    """A transformers model called with keyword arguments fixed (return_dict, caches),
-    its inputs positional: the same call for every framework."""
-
-    def __init__(self, model: torch.nn.Module, names: tuple[str, ...], **fixed) -> None:
-        super().__init__()
-        self.model = model
-        self.names = names
-        self.fixed = fixed
-
-    def forward(self, *inputs: torch.Tensor):
-        return self.model(**dict(zip(self.names, inputs, strict=True)), **self.fixed)
 
 
 def calibrate_batchnorm(model: torch.nn.Module, image: torch.Tensor) -> None:
@@ -111,7 +98,7 @@ def _vision(model_cls: str, config_cls: str, size: int = IMAGE, **config):
         cfg = getattr(transformers, config_cls)(**{"num_labels": 1000, **config})
         model = getattr(transformers, model_cls)(cfg)
         calibrate_batchnorm(model, _image(size)[0])
-        return _Outputs(model, ("pixel_values",), return_dict=False), _image(size)
+        return ByPosition(model, ("pixel_values",), return_dict=False), _image(size)
 
     return build
 
@@ -128,10 +115,10 @@ def _text(model_cls: str, config_cls: str, vocab: int, mask: bool = True,
         model = getattr(transformers, model_cls)(cfg)
         ids = _ids(vocab, seq)
         if not mask:
-            return _Outputs(model, ("input_ids",), **fixed), (ids,)
+            return ByPosition(model, ("input_ids",), **fixed), (ids,)
         attention = torch.ones_like(ids)
         attention[:, -seq // 8:] = 0
-        return _Outputs(model, ("input_ids", "attention_mask"), **fixed), (ids, attention)
+        return ByPosition(model, ("input_ids", "attention_mask"), **fixed), (ids, attention)
 
     return build
 
@@ -145,7 +132,7 @@ def _whisper_encoder():
                                      max_source_positions=1500)
     encoder = transformers.WhisperModel(cfg).get_encoder()
     features = torch.randn(1, 80, 3000, generator=torch.Generator().manual_seed(0))
-    return _Outputs(encoder, ("input_features",), return_dict=False), (features,)
+    return ByPosition(encoder, ("input_features",), return_dict=False), (features,)
 
 
 def _t5_encoder():
@@ -155,7 +142,7 @@ def _t5_encoder():
                                 num_layers=4, num_heads=8)
     model = transformers.T5EncoderModel(cfg)
     ids = _ids(1000)
-    return _Outputs(model, ("input_ids", "attention_mask"), return_dict=False), (
+    return ByPosition(model, ("input_ids", "attention_mask"), return_dict=False), (
         ids, torch.ones_like(ids))
 
 
@@ -168,7 +155,7 @@ def _clip():
         vision_config=dict(hidden_size=384, num_hidden_layers=4, num_attention_heads=6,
                            intermediate_size=1536, image_size=IMAGE, patch_size=32))
     ids = _ids(1000, 16)
-    return _Outputs(transformers.CLIPModel(cfg), ("input_ids", "pixel_values", "attention_mask"),
+    return ByPosition(transformers.CLIPModel(cfg), ("input_ids", "pixel_values", "attention_mask"),
                     return_dict=False), (ids, _image()[0], torch.ones_like(ids))
 
 
@@ -178,7 +165,7 @@ def _wav2vec2():
     cfg = transformers.Wav2Vec2Config(hidden_size=256, num_hidden_layers=4,
                                       num_attention_heads=4, intermediate_size=1024)
     audio = torch.randn(1, 16000, generator=torch.Generator().manual_seed(0))
-    return _Outputs(transformers.Wav2Vec2Model(cfg), ("input_values",), return_dict=False), (
+    return ByPosition(transformers.Wav2Vec2Model(cfg), ("input_values",), return_dict=False), (
         audio,)
 
 

@@ -182,3 +182,17 @@ def mlp_example() -> tuple[nn.Module, tuple[torch.Tensor]]:
     """For `tecc compile tests.models:mlp_example` (the same weights on every call)."""
     torch.manual_seed(0)
     return MLP().eval(), (torch.randn(2, 64, generator=torch.Generator().manual_seed(0)),)
+
+
+class ByPosition(nn.Module):
+    """A transformers model called with keyword arguments fixed (return_dict, caches),
+    its inputs positional: the same call for every framework and for torch.export."""
+
+    def __init__(self, model: nn.Module, names: tuple[str, ...], **fixed) -> None:
+        super().__init__()
+        self.model = model
+        self.names = names
+        self.fixed = fixed
+
+    def forward(self, *inputs: torch.Tensor):
+        return self.model(**dict(zip(self.names, inputs, strict=True)), **self.fixed)

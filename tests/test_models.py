@@ -7,6 +7,7 @@ import tecc
 from tests.conftest import MODEL_ERRORS
 from tests.models import (  # noqa: F401
     MLP,
+    ByPosition,
     MobileNetV2,
     bert_encoder,
     randomize_batchnorm,
@@ -152,19 +153,10 @@ def _transformers_model(name: str):
     raise KeyError(name)
 
 
-class _Positional(torch.nn.Module):
-    def __init__(self, model: torch.nn.Module, names: tuple[str, ...]) -> None:
-        super().__init__()
-        self.model, self.names = model, names
-
-    def forward(self, *inputs):
-        return self.model(**dict(zip(self.names, inputs, strict=True)), return_dict=False)
-
-
 @pytest.mark.parametrize("name", ["clip", "dpt", "poolformer", "wav2vec2"])
 def test_transformers_architectures_match_eager(name):
     model, names, inputs = _transformers_model(name)
-    model = _Positional(model.eval(), names)
+    model = ByPosition(model.eval(), names, return_dict=False)
     with torch.no_grad():
         expected = model(*inputs)
     got = tecc.compile(model, inputs)(*inputs)

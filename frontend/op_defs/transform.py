@@ -292,9 +292,10 @@ def _convert_slice(ctx: ImportContext, node, args, kwargs):
 @OPS.converter("aten.slice_scatter.default")
 def _convert_slice_scatter(ctx: ImportContext, node, args, kwargs):
     """x with x[start:end:step] along `dim` replaced by src (Funnel's relative
-    positions, in-place writes into a slice): src spread to x's extent along dim by a
-    pad (and zeros between its rows for a step), then a select by a constant mask."""
-    x, src = ctx.expr(args[0]), ctx.expr(args[1])
+    positions, in-place writes into a slice): src's rows taken to their places along
+    dim (a take of constant indices), then a select by a constant mask. A take, not
+    pads spreading src, whose modular conditions TIR's loop partitioning failed on."""
+    x, src = ctx.expr(args[0]), ctx.cast(ctx.expr(args[1]), ctx.expr(args[0]).dtype)
     dim = (args[2] if len(args) > 2 else kwargs.get("dim", 0)) % len(x.shape)
     start = args[3] if len(args) > 3 else kwargs.get("start")
     end = args[4] if len(args) > 4 else kwargs.get("end")
@@ -302,21 +303,11 @@ def _convert_slice_scatter(ctx: ImportContext, node, args, kwargs):
     n = x.shape[dim]
     start, end, step = slice(start, end, step).indices(n)
     positions = np.arange(n)[start:end:step]
-    src = ctx.cast(src, x.dtype)
     if len(positions) == 0:
         return x
-    if step > 1:  # step - 1 zeros after each row of src
-        rows = src.shape[dim]
-        src = ctx.call("reshape", src, newshape=(*src.shape[:dim + 1], 1, *src.shape[dim + 1:]))
-        src = ctx.call("pad", src, before=(0,) * len(src.shape),
-                       after=tuple(step - 1 if a == dim + 1 else 0 for a in range(len(src.shape))),
-                       value=0.0)
-        src = ctx.call("reshape", src, newshape=(*x.shape[:dim], rows * step, *x.shape[dim + 1:]))
-    before = [0] * len(x.shape)
-    after = [0] * len(x.shape)
-    before[dim] = int(positions[0])
-    after[dim] = n - before[dim] - src.shape[dim]  # negative: crops the last step's zeros
-    placed = ctx.call("pad", src, before=tuple(before), after=tuple(after), value=0.0)
+    # each of x's positions reads the src row written there (any row elsewhere: masked)
+    rows = np.clip((np.arange(n) - start) // step, 0, len(positions) - 1)
+    placed = ctx.call("take", src, ctx.const(rows, "int64"), axis=dim)
     mask = np.zeros(n, dtype=bool)
     mask[positions] = True
     mask = mask.reshape((n,) + (1,) * (len(x.shape) - dim - 1))
